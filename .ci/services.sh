@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install and start the services the test suite needs: a Docker engine (Debian's docker.io), debootstrap
+# (to make base images locally: no registry is reachable) and a local registry (Debian's docker-registry).
+set -euo pipefail
+
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+[ -x /usr/bin/docker-registry ] || need+=(docker-registry)
+if [ ${#need[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! timeout 10 docker info >/dev/null 2>&1; then
+  nohup dockerd >/tmp/dockerd.log 2>&1 &
+  for _ in $(seq 60); do
+    timeout 5 docker info >/dev/null 2>&1 && break
+    sleep 1
+  done
+  timeout 10 docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /tmp/dockerd.log" >&2; tail -20 /tmp/dockerd.log >&2; exit 1; }
+fi
+echo "docker engine $(docker version --format '{{.Server.Version}}') is up"

@@ -1,0 +1,28 @@
+# Two commands a new user needs: `make quickstart` and `make test`.
+VENV ?= .venv
+EXTRAS ?= runtime,k8s,dev
+BIN := $(VENV)/bin
+
+.PHONY: setup quickstart test test-fast test-slow bench clean
+
+$(BIN)/.installed: pyproject.toml installer/install.sh installer/constraints.txt
+	bash installer/install.sh --venv $(VENV) --extras $(EXTRAS) --no-doctor
+	touch $@
+
+setup: $(BIN)/.installed
+
+quickstart: setup
+	-$(BIN)/verl-deploy doctor
+	$(BIN)/python -m verl_runtime train examples/quickstart.yaml
+
+test: setup
+	$(BIN)/pytest
+
+test-fast: setup
+	$(BIN)/pytest -m "not slow and not docker"
+
+test-slow: setup
+	$(BIN)/pytest -m slow
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,3 @@
+from verl_deploy.cli import main
+
+main()
