@@ -22,3 +22,7 @@ class ConfigError(UserError):
 
 class ModelError(UserError):
     """A model directory is missing or cannot be loaded."""
+
+
+class TrainingError(UserError):
+    """Training cannot go on: a NaN loss, or out of memory (the message names the knob to turn)."""

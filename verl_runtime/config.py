@@ -1,0 +1,450 @@
+"""Typed configuration: dataclass defaults per algorithm, YAML files, dotted ``--set`` overrides, validation.
+
+Keys follow verl's names where verl has one (``actor.ppo_mini_batch_size``, ``algorithm.adv_estimator``, ...)
+and the single-controller tutorial's keys are real keys (``data.batch_size``, ``train.num_epochs``,
+``model.pretrained_model_name_or_path``). A few aliases map a second spelling onto the one stored value.
+Every problem is a :class:`ConfigError` with one line that names the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+
+from verl_runtime.errors import ConfigError
+
+ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_plus_plus")
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k2+", "k3+", "low_var_kl+")
+
+
+@dataclass
+class DataConfig:
+    # Parquet/jsonl files in verl's row layout, or "toy:<task>" for a generated toy task (see data.make_toy_rows).
+    train_files: list[str] = field(default_factory=lambda: ["toy:letter"])
+    val_files: list[str] = field(default_factory=list)
+    batch_size: int = 8  # prompts per step (verl: data.train_batch_size)
+    val_batch_size: int = 64  # prompts per validation generate call
+    max_prompt_length: int = 256
+    max_response_length: int = 64
+    truncation: str = "error"  # error | left | right | filter
+    shuffle: bool = True
+    apply_chat_template: bool = True
+    toy_size: int = 512  # rows of a "toy:" train set (its validation set gets a quarter)
+
+
+@dataclass
+class ModelConfig:
+    pretrained_model_name_or_path: str = "builtin:tiny"  # a local HF directory, or builtin:tiny
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16
+    gradient_checkpointing: bool = False
+
+    @property
+    def path(self) -> str:
+        return self.pretrained_model_name_or_path
+
+    @path.setter
+    def path(self, value: str) -> None:
+        self.pretrained_model_name_or_path = value
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int | None = None  # prompts per optimizer step; None: data.batch_size (one update per step)
+    ppo_micro_batch_size_per_gpu: int = 8  # samples per forward/backward (gradient accumulation)
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+
+
+@dataclass
+class CriticConfig:
+    model_path: str | None = None  # None: the actor's model
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    cliprange_value: float = 0.5
+    ppo_micro_batch_size_per_gpu: int = 8
+    loss_agg_mode: str = "token-mean"
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = 16
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"
+    n: int = 1  # samples per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    log_prob_micro_batch_size_per_gpu: int = 16
+
+
+@dataclass
+class RewardConfig:
+    function: str | None = None  # "path/to/file.py:fn" with verl's signature; None: the built-in scorers
+    model_path: str | None = None  # a sequence-classification reward model directory, used instead of a function
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "gae"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+
+@dataclass
+class TrainerConfig:
+    experiment_name: str = "default"
+    run_dir: str | None = None  # None: runs/<experiment_name>
+    device: str = "auto"  # auto | cpu | cuda
+    seed: int = 1
+    num_epochs: int = 1  # verl: trainer.total_epochs
+    total_training_steps: int | None = None  # stop earlier than num_epochs
+    test_freq: int = -1  # validate every N steps (and at the end); -1: never
+    val_before_train: bool = False
+    save_freq: int = -1  # checkpoint every N steps; checkpoints are also written at the end and on SIGTERM/SIGINT
+    keep_last: int = 2  # checkpoints kept
+    resume: str = "auto"  # auto: continue from the run directory's latest checkpoint | disable
+    tensorboard: bool = False
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    @property
+    def train(self) -> TrainerConfig:
+        """The tutorial's name for the trainer section (``config.train.num_epochs``)."""
+        return self.trainer
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.trainer.run_dir or Path("runs") / self.trainer.experiment_name)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# Second spellings of a key (verl's or the tutorial's) -> the stored key. A prefix alias maps a whole section.
+ALIASES = {
+    "model.path": "model.pretrained_model_name_or_path",
+    "data.train_batch_size": "data.batch_size",
+    "train": "trainer",
+    "trainer.total_epochs": "trainer.num_epochs",
+    "trainer.resume_mode": "trainer.resume",
+}
+
+# What each algorithm changes from the defaults (verl's example scripts for each estimator).
+_GROUP_PRESET = {
+    "rollout.n": 4,
+    "actor.use_kl_loss": True,
+    "actor.kl_loss_coef": 0.001,
+    "actor.kl_loss_type": "low_var_kl",
+}
+PRESETS = {
+    "ppo": {"algorithm.adv_estimator": "gae"},
+    "grpo": {"algorithm.adv_estimator": "grpo", **_GROUP_PRESET},
+    "rloo": {"algorithm.adv_estimator": "rloo", **_GROUP_PRESET},
+    "reinforce_plus_plus": {"algorithm.adv_estimator": "reinforce_plus_plus", **_GROUP_PRESET},
+}
+_PRESET_OF_ESTIMATOR = {
+    "gae": "ppo",
+    "grpo": "grpo",
+    "rloo": "rloo",
+    "reinforce_plus_plus": "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline": "reinforce_plus_plus",
+}
+
+
+def get_default_config(algo: str = "ppo") -> Config:
+    """The default configuration for one of ppo, grpo, rloo, reinforce_plus_plus."""
+    if algo not in PRESETS:
+        raise ConfigError(f"unknown algorithm {algo!r}{_suggest(algo, ALGORITHMS)} (choose one of {', '.join(ALGORITHMS)})")
+    config = Config()
+    for key, value in PRESETS[algo].items():
+        set_value(config, key, value)
+    return config
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults for the file's algorithm, then the YAML file, then ``key=value`` overrides; validated."""
+    values: dict[str, tuple[Any, str]] = {}  # dotted key -> (value, where it came from)
+    if path is not None:
+        for key, value in _flatten(_read_yaml(Path(path))).items():
+            values[_canonical(key)] = (value, f"in {path}")
+    for item in overrides:
+        key, value = parse_override(item)
+        values[_canonical(key)] = (value, "in --set")
+    estimator = values.get("algorithm.adv_estimator", ("gae", ""))[0]
+    config = get_default_config(_PRESET_OF_ESTIMATOR.get(str(estimator), "ppo"))
+    for key, (value, origin) in values.items():
+        set_value(config, key, value, origin)
+    validate(config)
+    return config
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``a.b=c`` -> ("a.b", c) with c read as a YAML scalar (16 -> int, true -> bool, null -> None, [a, b] -> list)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects key=value, got {item!r}")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    return key.strip(), value
+
+
+def set_value(config: Config, key: str, value: Any, origin: str = "") -> None:
+    """Set a dotted key, coercing the value to the field's type."""
+    key = _canonical(key)
+    *parents, name = key.split(".")
+    target: Any = config
+    for part in parents:
+        if not dataclasses.is_dataclass(target) or part not in _field_types(target):
+            _unknown_key(key, origin)
+        target = getattr(target, part)
+    types_ = _field_types(target) if dataclasses.is_dataclass(target) else {}
+    if name not in types_ or dataclasses.is_dataclass(types_[name]):
+        _unknown_key(key, origin)
+    setattr(target, name, _coerce(key, value, types_[name]))
+
+
+def all_keys(node: Any = None, prefix: str = "") -> list[str]:
+    """Every settable dotted key, e.g. ``actor.lr``."""
+    node = Config if node is None else node
+    keys = []
+    for name, tp in _field_types(node).items():
+        if dataclasses.is_dataclass(tp):
+            keys += all_keys(tp, f"{prefix}{name}.")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def validate(config: Config) -> None:
+    """Check choices and that batch sizes divide; raise one ConfigError for the first problem."""
+    _check_choice("algorithm.adv_estimator", config.algorithm.adv_estimator, ADV_ESTIMATORS)
+    _check_choice("actor.loss_agg_mode", config.actor.loss_agg_mode, LOSS_AGG_MODES)
+    _check_choice("critic.loss_agg_mode", config.critic.loss_agg_mode, LOSS_AGG_MODES)
+    _check_choice("actor.kl_loss_type", config.actor.kl_loss_type, KL_PENALTIES)
+    _check_choice("algorithm.kl_penalty", config.algorithm.kl_penalty, KL_PENALTIES)
+    _check_choice("algorithm.kl_ctrl.type", config.algorithm.kl_ctrl.type, ("fixed", "adaptive"))
+    _check_choice("data.truncation", config.data.truncation, ("error", "left", "right", "filter"))
+    _check_choice("model.dtype", config.model.dtype, ("auto", "float32", "bfloat16", "float16"))
+    _check_choice("trainer.device", config.trainer.device, ("auto", "cpu", "cuda"))
+    _check_choice("trainer.resume", config.trainer.resume, ("auto", "disable"))
+    _check_choice("rollout.name", config.rollout.name, ("hf", "vllm"))
+
+    positive = {
+        "data.batch_size": config.data.batch_size,
+        "data.val_batch_size": config.data.val_batch_size,
+        "data.max_prompt_length": config.data.max_prompt_length,
+        "data.max_response_length": config.data.max_response_length,
+        "rollout.n": config.rollout.n,
+        "actor.ppo_epochs": config.actor.ppo_epochs,
+        "actor.ppo_mini_batch_size": mini_batch_size(config),
+        "actor.ppo_micro_batch_size_per_gpu": config.actor.ppo_micro_batch_size_per_gpu,
+        "critic.ppo_micro_batch_size_per_gpu": config.critic.ppo_micro_batch_size_per_gpu,
+        "ref.log_prob_micro_batch_size_per_gpu": config.ref.log_prob_micro_batch_size_per_gpu,
+        "rollout.log_prob_micro_batch_size_per_gpu": config.rollout.log_prob_micro_batch_size_per_gpu,
+        "trainer.num_epochs": config.trainer.num_epochs,
+        "trainer.keep_last": config.trainer.keep_last,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
+    if config.trainer.total_training_steps is not None and config.trainer.total_training_steps < 1:
+        raise ConfigError(f"trainer.total_training_steps must be at least 1, got {config.trainer.total_training_steps}")
+
+    batch, mini, n = config.data.batch_size, mini_batch_size(config), config.rollout.n
+    if batch % mini:
+        raise ConfigError(f"data.batch_size ({batch}) must be a multiple of actor.ppo_mini_batch_size ({mini})")
+    for key in ("actor.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"):
+        micro = config.actor.ppo_micro_batch_size_per_gpu if key.startswith("actor") else config.critic.ppo_micro_batch_size_per_gpu
+        if (mini * n) % micro:
+            raise ConfigError(
+                f"actor.ppo_mini_batch_size * rollout.n ({mini} * {n} = {mini * n} samples) must be a multiple of "
+                f"{key} ({micro})"
+            )
+    if config.algorithm.adv_estimator in ("grpo", "rloo") and n < 2:
+        raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares samples of one prompt: set rollout.n to 2 or more")
+
+
+def mini_batch_size(config: Config) -> int:
+    """Prompts per optimizer step (actor.ppo_mini_batch_size, or the whole batch when unset)."""
+    return config.actor.ppo_mini_batch_size or config.data.batch_size
+
+
+def to_yaml(config: Config) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+# --- helpers -----------------------------------------------------------------------------------------------------
+
+
+def _read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections (data:, model:, ...) at the top level")
+    return data
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _canonical(key: str) -> str:
+    for alias, target in ALIASES.items():
+        if key == alias or key.startswith(alias + "."):
+            return target + key[len(alias) :]
+    return key
+
+
+def _field_types(node: Any) -> dict[str, Any]:
+    cls = node if isinstance(node, type) else type(node)
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _closest(word: str, choices: typing.Iterable[str]) -> str | None:
+    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return matches[0] if matches else None
+
+
+def _suggest(word: str, choices: typing.Iterable[str]) -> str:
+    match = _closest(word, choices)
+    return f"; did you mean {match!r}?" if match else ""
+
+
+def _unknown_key(key: str, origin: str) -> typing.NoReturn:
+    keys = all_keys() + list(ALIASES)
+    match = _closest(key, keys)
+    if match is None:  # a misspelt name in a known section, e.g. actor.learning_rate
+        section, _, name = key.rpartition(".")
+        names = {k.rpartition(".")[2]: k for k in keys if k.startswith(section + ".")}
+        close = _closest(name, names)
+        match = names[close] if close else None
+    hint = f"; did you mean {match!r}?" if match else ""
+    where = f" {origin}" if origin else ""
+    raise ConfigError(f"unknown config key {key!r}{where}{hint}")
+
+
+def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}: unknown value {value!r}{_suggest(str(value), choices)} (choose one of {', '.join(choices)})")
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(key, value, option)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(key, item, args[0]) for item in items]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads 1e-6 (no dot) as a string
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    else:
+        return value
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+
+
+def _type_name(tp: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return " or ".join(_type_name(a) if a is not type(None) else "null" for a in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return "a list"
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
