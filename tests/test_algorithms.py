@@ -434,3 +434,12 @@ def test_get_kl_controller_reads_verls_config_keys():
         A.get_kl_controller(NS(type="adaptive", kl_coef=0.2, target_kl=0.1, horizon=0))
     with pytest.raises(ValueError, match="'fixed' or 'adaptive'"):
         A.get_kl_controller(NS(type="pid", kl_coef=0.2))
+
+
+def test_the_names_config_accepts_are_the_names_implemented_here():
+    from verl_runtime import config
+
+    assert tuple(config.ADV_ESTIMATORS) == tuple(A.ADV_ESTIMATORS)
+    assert tuple(config.LOSS_AGG_MODES) == A.LOSS_AGG_MODES
+    for name in config.KL_PENALTIES:
+        A.kl_penalty(T([0.1]), T([0.0]), name)
