@@ -1,0 +1,309 @@
+"""Models: resolving and loading Hugging Face causal LMs, the built-in tiny model, and log-prob recomputation.
+
+``builtin:tiny`` is a real Qwen2 architecture with random (seeded) weights and a byte-level tokenizer built
+offline, so the quickstart and the tests run with no downloads. Any local Hugging Face causal-LM directory works
+the same way, whatever its architecture.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from verl_runtime.errors import ConfigError, ModelError
+
+BUILTIN_TINY = "builtin:tiny"
+# Bump the suffix whenever the built model or tokenizer changes, so stale caches are not reused.
+_TINY_CACHE_NAME = "builtin-tiny-v1"
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+EOS_TOKEN = "<|im_end|>"
+_SPECIAL_TOKENS = [PAD_TOKEN, IM_START, EOS_TOKEN]
+
+# Qwen-style chat template: <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+}
+
+
+def cache_root() -> Path:
+    """Where built-in models are cached: $VERL_RUNTIME_CACHE, else ~/.cache/verl_runtime."""
+    env = os.environ.get("VERL_RUNTIME_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "verl_runtime"
+
+
+def resolve_model_path(path: str) -> str:
+    """Turn a model setting into a local Hugging Face model directory (building builtin:tiny on first use)."""
+    path = str(path)
+    if path.startswith("builtin:"):
+        if path != BUILTIN_TINY:
+            raise ModelError(f"unknown built-in model {path!r}: the built-in model is {BUILTIN_TINY!r}")
+        return str(_cached_tiny_model())
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        raise ModelError(
+            f"model directory {path} not found: set model.path to a local Hugging Face model directory "
+            f"(with config.json) or to {BUILTIN_TINY}; nothing is downloaded"
+        )
+    if not (local / "config.json").is_file():
+        raise ModelError(
+            f"model directory {path} has no config.json: point model.path at a Hugging Face model directory "
+            "(one written by save_pretrained)"
+        )
+    return str(local)
+
+
+def _cached_tiny_model() -> Path:
+    """Build builtin:tiny once per cache; concurrent builders race safely (temp dir + rename)."""
+    final = cache_root() / _TINY_CACHE_NAME
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{_TINY_CACHE_NAME}.tmp-", dir=final.parent))
+    try:
+        build_tiny_model(tmp)
+        os.rename(tmp, final)
+    except OSError:
+        # Another process renamed its copy into place first: use that one.
+        if not (final / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map, which the ByteLevel pre-tokenizer and decoder use."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[byte] = chr(byte)
+        else:
+            chars[byte] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def _build_tiny_tokenizer():
+    """A byte-level tokenizer without merges: every ASCII character is one token, any NFC text round-trips.
+
+    NFC normalisation is what transformers' Qwen2Tokenizer applies when it loads this directory (it is chosen by
+    the config's model type), so the saved tokenizer.json behaves the same under every loader.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_chars = _bytes_to_unicode()
+    # ids 0..2 are the special tokens, id 3 + b is byte b.
+    vocab = {token: i for i, token in enumerate(_SPECIAL_TOKENS)}
+    vocab.update({byte_chars[b]: len(_SPECIAL_TOKENS) + b for b in range(256)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(_SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        additional_special_tokens=[IM_START],
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+        model_max_length=1024,
+        padding_side="left",
+    )
+
+
+def build_tiny_model(out_dir, seed: int = 0) -> Path:
+    """Write a tiny random Qwen2 model (hidden 64, 2 layers) and its offline tokenizer to out_dir."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    _quiet_transformers()
+    out_dir = Path(out_dir)
+    tokenizer = _build_tiny_tokenizer()
+    pad_id, eos_id = tokenizer.convert_tokens_to_ids([PAD_TOKEN, EOS_TOKEN])
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    # Seed a private RNG stream so building the model never disturbs the caller's random state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def load_tokenizer(path):
+    """The model's tokenizer, left-padding, with a pad token (distinct from EOS when the vocabulary has one)."""
+    from transformers import AutoTokenizer
+
+    local = resolve_model_path(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(local, padding_side="left")
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the tokenizer from {local}: {_first_line(exc)}") from exc
+    if tokenizer.pad_token_id is None:
+        # Prefer an existing token that is not EOS (no new embeddings needed); EOS as pad is the last resort,
+        # which still works because response masks are cut at the first EOS, not at padding.
+        fallback = tokenizer.unk_token if tokenizer.unk_token_id not in (None, tokenizer.eos_token_id) else None
+        tokenizer.pad_token = fallback or tokenizer.eos_token
+    return tokenizer
+
+
+def default_dtype(device) -> torch.dtype:
+    """bf16 on CUDA, fp32 elsewhere (CPU bf16 matmuls are slow and imprecise)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def resolve_dtype(dtype, device) -> torch.dtype:
+    """A torch dtype from None/"auto" (the device default), a name such as "bf16", or a torch.dtype."""
+    if dtype is None or dtype == "auto":
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ConfigError(f"unknown dtype {dtype!r}: use one of auto, {', '.join(_DTYPES)}")
+
+
+def load_causal_lm(path, dtype, device, gradient_checkpointing: bool = False):
+    """Any local Hugging Face causal LM (or builtin:tiny) on device, in dtype (None/"auto": bf16 on CUDA, fp32 on CPU)."""
+    from transformers import AutoModelForCausalLM
+
+    local = resolve_model_path(path)
+    _quiet_transformers()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(local, dtype=resolve_dtype(dtype, device))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load a causal LM from {local}: {_first_line(exc)}") from exc
+    model.to(device)
+    if gradient_checkpointing:
+        _enable_gradient_checkpointing(model)
+    return model
+
+
+def _quiet_transformers() -> None:
+    """Per-file progress bars for a load that takes milliseconds only clutter the trainer's console."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+
+
+class ValueModel(nn.Module):
+    """A critic: a causal LM's backbone with a scalar value head on every position."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.value_head.weight, std=0.02)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        return self.value_head(hidden).squeeze(-1)
+
+
+def load_value_model(path, dtype, device, gradient_checkpointing: bool = False) -> ValueModel:
+    """The critic: the causal LM's backbone (its lm_head dropped) plus nn.Linear(hidden, 1)."""
+    lm = load_causal_lm(path, dtype, device)
+    # The lm_head's input is exactly the backbone's output, whatever the architecture calls its hidden size.
+    hidden_size = lm.get_output_embeddings().in_features
+    backbone = lm.base_model
+    if gradient_checkpointing:
+        _enable_gradient_checkpointing(backbone)
+    value_model = ValueModel(backbone, hidden_size)
+    value_model.value_head.to(device=device, dtype=next(backbone.parameters()).dtype)
+    return value_model
+
+
+def response_values(value_model: ValueModel, input_ids, attention_mask, position_ids, response_length: int):
+    """Values [B, R] of the states that predict each response token (verl's slicing)."""
+    values = value_model(input_ids, attention_mask, position_ids)
+    return values[:, -response_length - 1 : -1]
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 on each row's first real token, so left padding does not shift them."""
+    return torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0).long()
+
+
+def response_log_probs(
+    model,
+    input_ids,
+    attention_mask,
+    position_ids,
+    response_length: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+):
+    """Per-token log-probs [B, R] of the last response_length tokens (and their entropy, if asked).
+
+    Logits are cast to fp32 and divided by the temperature exactly as transformers' sampler does, so the result is
+    the log-prob of the distribution the tokens were sampled from. Only the response positions' logits are computed
+    (``logits_to_keep``) where the model supports it, which saves a [B, T, vocab] tensor.
+    """
+    from verl_runtime.algorithms import entropy_from_logits, logprobs_from_logits
+
+    kwargs = {}
+    if _accepts(model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = response_length + 1
+    output = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
+    )
+    # The logits at position t predict token t + 1: the response tokens are predicted by positions -R-1 .. -2.
+    logits = output.logits[:, -response_length - 1 : -1, :].float() / temperature
+    responses = input_ids[:, -response_length:]
+    log_probs = logprobs_from_logits(logits, responses)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
+def _accepts(model, argument: str) -> bool:
+    return argument in inspect.signature(model.forward).parameters
+
+
+def _enable_gradient_checkpointing(model) -> None:
+    # Non-reentrant checkpointing works with frozen inputs and with torch.no_grad around parts of the model.
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
