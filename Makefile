@@ -24,5 +24,10 @@ test-fast: setup
 test-slow: setup
 	$(BIN)/pytest -m slow
 
+# GRPO steps/s against TRL on the CPU preset (see bench/README.md; the GPU preset: --preset gpu).
+bench: setup
+	bash installer/install.sh --venv $(VENV) --extras $(EXTRAS),bench --no-doctor
+	$(BIN)/python bench/grpo_vs_trl.py --preset cpu
+
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,56 @@
+"""The model directory of a preset. Both trainers load this one directory, so they start from the same weights."""
+
+import shutil
+from pathlib import Path
+
+from _workload import Workload
+
+# Qwen2.5-0.5B's shape (random weights: nothing can be downloaded here).
+QWEN25_05B = dict(
+    hidden_size=896,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    intermediate_size=4864,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    tie_word_embeddings=True,
+)
+
+
+def model_dir(w: Workload, tmp: Path) -> str:
+    from verl_runtime.models import resolve_model_path
+
+    tiny = resolve_model_path("builtin:tiny")
+    out = tmp / f"model-{w.preset}"
+    if w.preset == "cpu":
+        shutil.copytree(tiny, out)
+    else:
+        _write_qwen25_shape(tiny, out, w.seed)
+    _suppress_early_eos(out, w.new_tokens)
+    return str(out)
+
+
+def _write_qwen25_shape(tokenizer_dir: str, out: Path, seed: int) -> None:
+    """Random Qwen2.5-0.5B-shape weights with the built-in tokenizer (its ids all lie inside the large vocab)."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    cfg = Qwen2Config(**QWEN25_05B, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    torch.manual_seed(seed)
+    Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def _suppress_early_eos(path: Path, new_tokens: int) -> None:
+    """min_new_tokens in the model's generation defaults: transformers' generate then cannot end a completion early.
+
+    TRL also gets it explicitly (generation_kwargs); our HF rollout engine picks it up from these defaults.
+    """
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig.from_pretrained(path)
+    gen.min_new_tokens = new_tokens
+    gen.save_pretrained(path)

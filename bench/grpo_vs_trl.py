@@ -1,0 +1,126 @@
+"""GRPO training speed, side by side: TRL's GRPOTrainer and verl_runtime on the same workload.
+
+Same model directory (same starting weights), prompts, samples per prompt, completion length (EOS suppressed
+until the last token on both sides), reward rule, learning rate, no KL term, one optimizer step per batch.
+Each side runs warm-up + timed steps; the median timed step gives steps/s and generated tokens/s.
+
+    python bench/grpo_vs_trl.py --preset cpu [--steps 5] [--warmup 2] [--only trl|ours] [--json FILE]
+    python bench/grpo_vs_trl.py --preset gpu            # needs a CUDA GPU
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# Offline and quiet before transformers is imported: nothing can be downloaded here, nothing is reported.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # verl_runtime from this checkout
+
+from _workload import PRESETS, Workload  # noqa: E402
+
+SIDES = {"trl": "TRL GRPOTrainer", "ours": "verl_runtime"}
+
+
+@dataclass
+class Result:
+    side: str
+    step_times_s: list[float]  # timed steps only
+    tokens_per_step: int
+    response_length: float  # mean over all steps, as the trainer itself reports it
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.step_times_s)
+
+    @property
+    def steps_per_s(self) -> float:
+        return 1.0 / self.median_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.median_s
+
+
+def run_side(side: str, w: Workload, model: str, steps: int, warmup: int, tmp: Path) -> Result:
+    total = warmup + steps
+    out = tmp / side
+    if side == "trl":
+        from _trl import run_trl
+
+        run = run_trl(w, model, total, str(out))
+    else:
+        from _ours import run_ours
+
+        run = run_ours(w, model, total, out)
+    if len(run.step_times_s) != total:
+        raise RuntimeError(f"{side}: expected {total} step times, got {len(run.step_times_s)}")
+    return Result(side, run.step_times_s[warmup:], w.tokens_per_step, run.response_length)
+
+
+def render(w: Workload, results: list[Result], steps: int, warmup: int) -> str:
+    lines = [
+        f"preset {w.preset}: {w.prompts} prompts x {w.samples} samples x {w.new_tokens} tokens, {w.dtype} on "
+        f"{w.device}; median of {steps} steps after {warmup} warm-up",
+        f"{'trainer':<18}{'s/step':>9}{'steps/s':>9}{'tokens/s':>10}{'resp len':>10}",
+    ]
+    for r in results:
+        lines.append(
+            f"{SIDES[r.side]:<18}{r.median_s:>9.3f}{r.steps_per_s:>9.2f}{r.tokens_per_s:>10,.0f}{r.response_length:>10.1f}"
+        )
+    by_side = {r.side: r for r in results}
+    if len(by_side) == 2:
+        lines.append(f"{'ratio ours/TRL':<18}{'':>9}{by_side['ours'].steps_per_s / by_side['trl'].steps_per_s:>9.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per side (median reported)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--only", choices=sorted(SIDES), help="run one side only")
+    p.add_argument("--json", type=Path, help="also write the results to this file")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+
+    w = PRESETS[args.preset]
+    import torch
+
+    if w.device == "cuda" and not torch.cuda.is_available():
+        print("error: the gpu preset needs a CUDA GPU and none is visible here; use --preset cpu", file=sys.stderr)
+        return 2
+
+    from _models import model_dir
+
+    sides = [args.only] if args.only else ["trl", "ours"]
+    with tempfile.TemporaryDirectory(prefix="grpo_vs_trl-") as d:
+        tmp = Path(d)
+        model = model_dir(w, tmp)
+        results = [run_side(s, w, model, args.steps, args.warmup, tmp) for s in sides]
+        print(render(w, results, args.steps, args.warmup))
+
+    if args.json:
+        payload = {
+            "workload": asdict(w),
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "results": {
+                r.side: {**asdict(r), "median_s": r.median_s, "steps_per_s": r.steps_per_s, "tokens_per_s": r.tokens_per_s}
+                for r in results
+            },
+        }
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
