@@ -1,6 +1,5 @@
 """The model directory of a preset. Both trainers load this one directory, so they start from the same weights."""
 
-import shutil
 from pathlib import Path
 
 from _workload import Workload
@@ -23,16 +22,10 @@ def model_dir(w: Workload, tmp: Path) -> str:
     from verl_runtime.models import resolve_model_path
 
     tiny = resolve_model_path("builtin:tiny")
-    out = tmp / f"model-{w.preset}"
-    if w.preset == "cpu":
-        shutil.copytree(tiny, out)
-    else:
-        _write_qwen25_shape(tiny, out, w.seed)
-    _suppress_early_eos(out, w.new_tokens)
-    return str(out)
+    return tiny if w.preset == "cpu" else _write_qwen25_shape(tiny, tmp / "qwen2.5-0.5b-shape", w.seed)
 
 
-def _write_qwen25_shape(tokenizer_dir: str, out: Path, seed: int) -> None:
+def _write_qwen25_shape(tokenizer_dir: str, out: Path, seed: int) -> str:
     """Random Qwen2.5-0.5B-shape weights with the built-in tokenizer (its ids all lie inside the large vocab)."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -42,15 +35,4 @@ def _write_qwen25_shape(tokenizer_dir: str, out: Path, seed: int) -> None:
     torch.manual_seed(seed)
     Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out)
     tok.save_pretrained(out)
-
-
-def _suppress_early_eos(path: Path, new_tokens: int) -> None:
-    """min_new_tokens in the model's generation defaults: transformers' generate then cannot end a completion early.
-
-    TRL also gets it explicitly (generation_kwargs); our HF rollout engine picks it up from these defaults.
-    """
-    from transformers import GenerationConfig
-
-    gen = GenerationConfig.from_pretrained(path)
-    gen.min_new_tokens = new_tokens
-    gen.save_pretrained(path)
+    return str(out)
