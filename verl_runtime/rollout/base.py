@@ -1,0 +1,72 @@
+"""What every rollout engine takes and returns, so the trainer does not care which engine generated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from verl_runtime.models import position_ids_from_mask
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1  # samples per prompt, grouped: prompt i's samples are rows i*n .. i*n+n-1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k filtering (verl's convention)
+    max_new_tokens: int = 64
+    do_sample: bool = True  # False: greedy
+    seed: int | None = None  # None: draw from the global torch RNG
+
+
+@dataclass
+class RolloutBatch:
+    input_ids: torch.Tensor  # [B, P+R] prompt (left-padded) + response (right-padded)
+    attention_mask: torch.Tensor  # [B, P+R]: prompt mask, then response_mask
+    position_ids: torch.Tensor  # [B, P+R]
+    responses: torch.Tensor  # [B, R]
+    response_mask: torch.Tensor  # [B, R]: 1 up to and including the first EOS, 0 after
+    prompt_length: int
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
+        """Sample params.n responses for each prompt (token ids), grouped by prompt."""
+
+    def sync_weights(self, model) -> None:
+        """Make the engine generate with the given (just updated) policy weights."""
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts as a left-padded [B, P] id tensor and its attention mask."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+    return ids, mask
+
+
+def mask_after_first_eos(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
+    """1 up to and including each row's first EOS, 0 after it (all 1 when a row has no EOS)."""
+    is_eos = torch.isin(responses, torch.tensor(eos_ids, device=responses.device)).long()
+    eos_before = torch.cumsum(is_eos, dim=-1) - is_eos
+    return (eos_before == 0).long()
+
+
+def assemble_batch(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor, eos_ids: list[int]
+) -> RolloutBatch:
+    """Join left-padded prompts with right-padded responses; positions continue from each prompt's last token."""
+    response_mask = mask_after_first_eos(responses, eos_ids)
+    prompt_positions = position_ids_from_mask(prompt_mask)
+    steps = torch.arange(1, responses.shape[1] + 1, device=responses.device)
+    response_positions = prompt_positions[:, -1:] + steps
+    return RolloutBatch(
+        input_ids=torch.cat([prompt_ids, responses], dim=1),
+        attention_mask=torch.cat([prompt_mask, response_mask], dim=1),
+        position_ids=torch.cat([prompt_positions, response_positions], dim=1),
+        responses=responses,
+        response_mask=response_mask,
+        prompt_length=prompt_ids.shape[1],
+    )
