@@ -1,0 +1,74 @@
+"""Launchers: one JobSpec, translated for a target (TorchX-scheduler style).
+
+Every launcher offers the same verbs:
+    dry_run(spec) -> str          what would be run (a `docker run` line, Kubernetes YAML), no side effects
+    launch(spec, detach) -> int   start it; attached: stream logs, return the run's exit code
+    status(run_id) -> RunStatus
+    logs(run_id, follow) -> iterator of text
+    stop(run_id)                  graceful: SIGTERM, so the runtime checkpoints
+    list() -> list[RunStatus]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Protocol
+
+from verl_deploy.launchers.jobspec import JobSpec, LaunchError
+from verl_deploy.runs import RunStatus
+
+TARGETS = ("local", "docker", "k8s")
+
+
+class Launcher(Protocol):
+    target: str
+
+    def dry_run(self, spec: JobSpec) -> str: ...
+
+    def launch(self, spec: JobSpec, detach: bool = False) -> int: ...
+
+    def status(self, run_id: str) -> RunStatus: ...
+
+    def logs(self, run_id: str, follow: bool = False) -> Iterator[str]: ...
+
+    def stop(self, run_id: str) -> None: ...
+
+    def list(self) -> list[RunStatus]: ...
+
+
+def get_launcher(target: str, runs_root: Path, namespace: str = "default") -> Launcher:
+    if target == "local":
+        from verl_deploy.launchers.local import LocalLauncher
+
+        return LocalLauncher(runs_root)
+    if target == "docker":
+        from verl_deploy.launchers.docker import DockerLauncher
+
+        return DockerLauncher(runs_root)
+    if target == "k8s":
+        from verl_deploy.launchers.k8s import K8sLauncher
+
+        return K8sLauncher(runs_root, namespace)
+    raise LaunchError(f"unknown target {target!r}: use one of {', '.join(TARGETS)}")
+
+
+__all__ = ["TARGETS", "JobSpec", "LaunchError", "Launcher", "get_launcher"]
+
+
+# Kubernetes nodes are not this host, so `auto` cannot ask their driver: CUDA 12.8 runs on drivers from 525 on
+# and covers Volta to Blackwell; node affinity then keeps the pods on nodes whose driver runs it.
+CLUSTER_GPU_VARIANT = "cu128"
+
+
+def default_image(variant: str) -> str:
+    """The tag `verl-deploy images build --variant V` produces (for a dry run or a cluster: nothing is built)."""
+    from verl_deploy.images.context import image_tag
+
+    return image_tag(CLUSTER_GPU_VARIANT if variant == "auto" else variant)
+
+
+def ensure_default_image(variant: str) -> str:
+    """The variant's image, built or pulled first when this host lacks it (Docker target only)."""
+    from verl_deploy import images
+
+    return images.ensure(variant)

@@ -1,0 +1,247 @@
+"""JobSpec -> one Docker container, through the docker SDK (the dry run prints the equivalent `docker run`)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from verl_deploy import runs
+from verl_deploy.launchers.jobspec import RUN_ID_LABEL, JobSpec, LaunchError
+from verl_deploy.runs import RunStatus
+
+# NVIDIA's recommendation for PyTorch containers: pinned memory without limit, a 64 MB stack.
+ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864)}
+STOP_GRACE_S = 120  # time the runtime gets to write its checkpoint after SIGTERM
+
+
+def docker_run_args(spec: JobSpec, detach: bool = False) -> list[str]:
+    """The `docker run` command line equivalent to what launch() creates. Secrets appear by name only
+    (`-e HF_TOKEN` makes docker read the value from the caller's environment)."""
+    args = ["docker", "run"] + (["--detach"] if detach else []) + ["--name", spec.run_id, "--init"]
+    for key, value in spec.labels.items():
+        args += ["--label", f"{key}={value}"]
+    args += ["--user", spec.user]
+    if spec.gpus.wanted:
+        gpus = str(spec.gpus)
+        args += ["--gpus", f'"{gpus}"' if "," in gpus else gpus]
+    args += ["--ipc", "host"] if spec.ipc_host else ["--shm-size", spec.shm_size]
+    for name, (soft, hard) in ULIMITS.items():
+        args += ["--ulimit", f"{name}={soft}" if soft == hard else f"{name}={soft}:{hard}"]
+    if spec.cpus:
+        args += ["--cpus", str(spec.cpus)]
+    if spec.memory:
+        args += ["--memory", spec.memory]
+    for mount in spec.mounts:
+        args += ["-v", f"{mount.source}:{mount.target}" + (":ro" if mount.read_only else "")]
+    for key, value in spec.container_env.items():
+        args += ["-e", f"{key}={value}"]
+    for name in spec.secrets:
+        args += ["-e", name]
+    return args + [spec.image] + spec.train_args()
+
+
+def container_options(spec: JobSpec, environ: dict[str, str] | None = None) -> dict:
+    """Keyword arguments for `client.containers.create`: the same translation as docker_run_args."""
+    from docker.types import DeviceRequest, Mount, Ulimit
+
+    environ = os.environ if environ is None else environ
+    options: dict = {
+        "image": spec.image,
+        "command": spec.train_args(),
+        "name": spec.run_id,
+        "labels": dict(spec.labels),
+        "user": spec.user,
+        "init": True,  # tini as PID 1 forwards SIGTERM to the trainer and reaps Ray's children
+        "ulimits": [Ulimit(name=name, soft=soft, hard=hard) for name, (soft, hard) in ULIMITS.items()],
+        "mounts": [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in spec.mounts],
+        "environment": {**spec.container_env, **{name: environ[name] for name in spec.secrets if name in environ}},
+    }
+    if spec.gpus.wanted:
+        if spec.gpus.device_ids:
+            request = DeviceRequest(device_ids=list(spec.gpus.device_ids), capabilities=[["gpu"]])
+        else:
+            request = DeviceRequest(count=spec.gpus.count, capabilities=[["gpu"]])
+        options["device_requests"] = [request]
+    if spec.ipc_host:
+        options["ipc_mode"] = "host"
+    else:
+        options["shm_size"] = spec.shm_size
+    if spec.cpus:
+        options["nano_cpus"] = int(spec.cpus * 1e9)
+    if spec.memory:
+        options["mem_limit"] = spec.memory
+    return options
+
+
+def client():
+    """A docker SDK client, or a one-line LaunchError when no engine answers."""
+    import docker
+
+    try:
+        engine = docker.from_env(timeout=30)
+        engine.ping()
+        return engine
+    except Exception as exc:
+        raise LaunchError(
+            f"no Docker engine reachable ({type(exc).__name__}): start dockerd or set DOCKER_HOST; "
+            "`verl-deploy doctor` checks it"
+        ) from None
+
+
+def ensure_image(engine, image: str) -> None:
+    """The image exists locally, or is pulled; otherwise say how to get one."""
+    import docker.errors
+
+    try:
+        engine.images.get(image)
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    try:
+        engine.images.pull(image)
+    except docker.errors.APIError as exc:
+        reason = (exc.explanation or str(exc)).splitlines()[0][:200]
+        raise LaunchError(
+            f"image {image!r} is not here and cannot be pulled ({reason}): "
+            "build one with `verl-deploy images build` or pass --image"
+        ) from None
+
+
+def _gpu_error(exc) -> bool:
+    text = str(getattr(exc, "explanation", "") or exc)
+    return "capabilities: [[gpu]]" in text or "nvidia-container" in text
+
+
+def _prepare_run_dir(spec: JobSpec) -> None:
+    """Create the host directories before Docker would (as root) and hand them to the container's user."""
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    if spec.hf_cache:
+        spec.hf_cache.mkdir(parents=True, exist_ok=True)
+    if os.getuid() == 0:  # files of a root caller belong to the container's non-root user
+        uid, gid = (int(part) for part in spec.user.split(":"))
+        os.chown(spec.run_dir, uid, gid)
+        if spec.hf_cache:
+            os.chown(spec.hf_cache, uid, gid)
+
+
+class DockerLauncher:
+    target = "docker"
+
+    def __init__(self, runs_root: Path):
+        self.runs_root = Path(runs_root)
+
+    def dry_run(self, spec: JobSpec) -> str:
+        return shlex.join(docker_run_args(spec))
+
+    def launch(self, spec: JobSpec, detach: bool = False) -> int:
+        import docker.errors
+
+        engine = client()
+        ensure_image(engine, spec.image)
+        try:
+            old = engine.containers.get(spec.run_id)
+        except docker.errors.NotFound:
+            old = None
+        if old is not None:
+            if old.status == "running":
+                raise LaunchError(f"run {spec.run_id} is still running: `verl-deploy stop {spec.run_id}` first")
+            old.remove()  # a finished container of this run id: --resume starts a new one on the same run dir
+        _prepare_run_dir(spec)
+        runs.write_record(spec.run_dir, {"run_id": spec.run_id, "target": self.target, "image": spec.image,
+                                         "command": spec.train_args(), "secrets": list(spec.secrets)})
+        container = engine.containers.create(**container_options(spec))
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            container.remove(force=True)
+            if spec.gpus.wanted and _gpu_error(exc):
+                raise LaunchError(
+                    "Docker on this host has no GPU support (NVIDIA container toolkit not set up): install "
+                    "nvidia-container-toolkit and restart dockerd, or run without --gpus"
+                ) from None
+            raise LaunchError(f"container did not start: {(exc.explanation or str(exc)).splitlines()[0]}") from None
+        if detach:
+            return 0
+        return self._follow(container)
+
+    def _follow(self, container) -> int:
+        """Stream the logs until the container ends. Ctrl-C sends SIGTERM (the runtime checkpoints, we keep
+        streaming); a second Ctrl-C stops it for good."""
+        interrupts = 0
+
+        def on_sigint(signum, frame):
+            nonlocal interrupts
+            interrupts += 1
+            if interrupts == 1:
+                print("\nstopping: SIGTERM sent, the run writes a checkpoint (Ctrl-C again to kill)", file=sys.stderr)
+                container.kill(signal="SIGTERM")
+            else:
+                container.kill()
+
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            for chunk in container.logs(stream=True, follow=True):
+                sys.stdout.write(chunk.decode(errors="replace"))
+                sys.stdout.flush()
+            return int(container.wait()["StatusCode"])
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _container(self, run_id: str):
+        found = client().containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
+        if not found:
+            raise LaunchError(f"no Docker container for run {run_id!r}: `verl-deploy runs` lists the runs")
+        return found[0]
+
+    def _status(self, container) -> RunStatus:
+        run_id = container.labels.get(RUN_ID_LABEL, container.name)
+        state = container.attrs["State"]
+        code = state.get("ExitCode") if container.status == "exited" else None
+        run_dir = next(
+            (m["Source"] for m in container.attrs.get("Mounts", []) if m["Destination"].endswith(f"/{run_id}")), ""
+        )
+        if container.status in ("running", "restarting"):
+            verdict = "running"
+        elif container.status == "created":
+            verdict = "pending"
+        elif code == 0:
+            verdict = "succeeded"
+        elif code in (130, 143):  # ended by SIGINT/SIGTERM (the runtime checkpointed)
+            verdict = "stopped"
+        else:
+            verdict = "failed"
+        return RunStatus(
+            run_id=run_id,
+            target=self.target,
+            state=verdict,
+            exit_code=code,
+            image=container.attrs["Config"]["Image"],
+            run_dir=run_dir,
+            metrics=runs.last_metrics(run_dir) if run_dir else {},
+            checkpoints=runs.checkpoints(run_dir) if run_dir else [],
+            detail="out of memory (OOMKilled)" if state.get("OOMKilled") else "",
+        )
+
+    def status(self, run_id: str) -> RunStatus:
+        return self._status(self._container(run_id))
+
+    def logs(self, run_id: str, follow: bool = False) -> Iterator[str]:
+        container = self._container(run_id)
+        if not follow:
+            yield container.logs().decode(errors="replace")
+            return
+        for chunk in container.logs(stream=True, follow=True):
+            yield chunk.decode(errors="replace")
+
+    def stop(self, run_id: str) -> None:
+        container = self._container(run_id)
+        if container.status == "running":
+            container.stop(timeout=STOP_GRACE_S)
+
+    def list(self) -> list[RunStatus]:
+        containers = client().containers.list(all=True, filters={"label": RUN_ID_LABEL})
+        return [self._status(c) for c in containers]

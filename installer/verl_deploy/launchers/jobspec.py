@@ -1,0 +1,224 @@
+"""JobSpec: what to run, built once from the user's config and flags; every launcher translates it.
+
+Paths inside the container are fixed here, so local, Docker and Kubernetes runs all look alike to the runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets as _secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RUN_ID_LABEL = "verl-deploy.run-id"
+MANAGED_LABEL = "verl-deploy.managed"
+
+# Inside every container.
+CONFIG_DIR = "/etc/verl-deploy"
+CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
+RUNS_DIR = "/workspace/runs"
+CACHE_DIR = "/cache/huggingface"
+DATA_DIR = "/data"
+
+# Environment variables that carry credentials: passed from the caller's environment (or a Kubernetes Secret)
+# by name only, never written into a spec, a label or a log.
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "NEPTUNE_API_TOKEN", "MLFLOW_TRACKING_PASSWORD")
+
+DEFAULT_SHM = "16g"  # PyTorch data loaders and NCCL need far more than Docker's 64 MB default.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class LaunchError(Exception):
+    """A one-line, user-facing launch error: what went wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """GPUs asked for: all of them, a count, or specific devices (indices or UUIDs)."""
+
+    count: int = 0  # -1 means all
+    device_ids: tuple[str, ...] = ()
+
+    @property
+    def wanted(self) -> bool:
+        return self.count != 0 or bool(self.device_ids)
+
+    @property
+    def number(self) -> int | None:
+        """How many GPUs, when known without asking the host (None for 'all')."""
+        if self.device_ids:
+            return len(self.device_ids)
+        return None if self.count < 0 else self.count
+
+    def __str__(self) -> str:
+        if self.device_ids:
+            return "device=" + ",".join(self.device_ids)
+        return "all" if self.count < 0 else str(self.count)
+
+
+def parse_gpus(text: str | None) -> Gpus:
+    """'all' | '2' | '0,1' | 'GPU-3f9...,GPU-77a...' | None/'0'/'none' -> Gpus."""
+    text = (text or "").strip()
+    if text in ("", "0", "none"):
+        return Gpus()
+    if text == "all":
+        return Gpus(count=-1)
+    if text.isdigit():
+        return Gpus(count=int(text))
+    ids = tuple(part.strip() for part in text.removeprefix("device=").split(",") if part.strip())
+    if not ids or not all(i.isdigit() or i.startswith(("GPU-", "MIG-")) for i in ids):
+        raise LaunchError(f"--gpus {text!r} is not understood: use all, a count (2), indices (0,1) or UUIDs (GPU-...)")
+    return Gpus(device_ids=ids)
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str  # a host path
+    target: str  # the path in the container
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training run, independent of where it runs."""
+
+    run_id: str
+    image: str
+    config_path: Path  # on the host
+    config_text: str
+    variant: str | None = None  # the image variant (docker/variants.yaml), when known
+    overrides: tuple[str, ...] = ()
+    run_dir: Path = Path("runs")  # on the host (local and Docker); Kubernetes keeps it on a PVC
+    gpus: Gpus = Gpus()
+    cpus: float | None = None
+    memory: str | None = None  # e.g. "32g" (Docker) / "32Gi" (Kubernetes); one spelling, translated
+    shm_size: str = DEFAULT_SHM
+    ipc_host: bool = False
+    nodes: int = 1
+    hf_cache: Path | None = None
+    data_dir: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()  # names only; values come from the environment at launch time
+    labels: dict[str, str] = field(default_factory=dict)
+    namespace: str = "default"
+    user: str = "1000:1000"
+
+    @property
+    def container_run_dir(self) -> str:
+        return f"{RUNS_DIR}/{self.run_id}"
+
+    def train_args(self, config_file: str = CONFIG_FILE, run_dir: str | None = None) -> list[str]:
+        """The runtime's command line after `python -m verl_runtime`; container paths unless told otherwise.
+
+        `trainer.resume=auto` always: a fresh run directory starts from scratch, a reused one continues."""
+        run_dir = run_dir or self.container_run_dir
+        args = ["train", config_file, "--set", f"trainer.run_dir={run_dir}", "--set", "trainer.resume=auto"]
+        for override in self.overrides:
+            args += ["--set", override]
+        return args
+
+    @property
+    def container_env(self) -> dict[str, str]:
+        """Non-secret environment for the container (secrets are added by name by each launcher)."""
+        return {"HF_HOME": CACHE_DIR, "HOME": "/tmp", "PYTHONUNBUFFERED": "1", **self.env}
+
+    @property
+    def mounts(self) -> list[Mount]:
+        mounts = [
+            Mount(str(self.config_path), CONFIG_FILE, read_only=True),
+            Mount(str(self.run_dir), self.container_run_dir),
+        ]
+        if self.hf_cache:
+            mounts.append(Mount(str(self.hf_cache), CACHE_DIR))
+        if self.data_dir:
+            mounts.append(Mount(str(self.data_dir), DATA_DIR, read_only=True))
+        return mounts
+
+
+def new_run_id(config_path: Path) -> str:
+    """`<config stem>-<UTC time>-<4 hex>`: sortable, unique, a valid DNS label (Kubernetes names)."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", config_path.stem.lower()).strip("-")[:30] or "run"
+    return f"{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{_secrets.token_hex(2)}"
+
+
+def check_run_id(run_id: str) -> str:
+    if len(run_id) > 52 or not _DNS_LABEL.match(run_id):
+        raise LaunchError(
+            f"run id {run_id!r} is not usable: lower-case letters, digits and '-', at most 52 characters"
+        )
+    return run_id
+
+
+def check_namespace(namespace: str) -> str:
+    if len(namespace) > 63 or not _DNS_LABEL.match(namespace):
+        raise LaunchError(f"namespace {namespace!r} is not a valid Kubernetes namespace name (a DNS label)")
+    return namespace
+
+
+def host_user() -> str:
+    """The caller's uid:gid, so files in the run directory are theirs; never root inside a container."""
+    uid, gid = os.getuid(), os.getgid()
+    return "1000:1000" if uid == 0 else f"{uid}:{gid}"
+
+
+def build_spec(
+    config: str | Path,
+    *,
+    image: str,
+    runs_root: Path,
+    variant: str | None = None,
+    run_id: str | None = None,
+    overrides: tuple[str, ...] = (),
+    gpus: str | None = None,
+    cpus: float | None = None,
+    memory: str | None = None,
+    shm_size: str = DEFAULT_SHM,
+    ipc_host: bool = False,
+    nodes: int = 1,
+    hf_cache: Path | None = None,
+    data_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+    namespace: str = "default",
+    environ: dict[str, str] | None = None,
+) -> JobSpec:
+    """Check the user's input and assemble the spec; no side effects."""
+    config_path = Path(config).expanduser()
+    if not config_path.is_file():
+        raise LaunchError(f"config file {str(config)!r} does not exist: pass a YAML file such as examples/quickstart.yaml")
+    for override in overrides:
+        if "=" not in override:
+            raise LaunchError(f"--set {override!r} needs the form key=value")
+    if nodes < 1:
+        raise LaunchError("--nodes must be at least 1")
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
+    run_id = check_run_id(run_id or new_run_id(config_path))
+    environ = os.environ if environ is None else environ
+    env = dict(env or {})
+    leaked = sorted(set(env) & set(SECRET_ENV))
+    if leaked:
+        raise LaunchError(f"{', '.join(leaked)} must come from the environment, not --env (it would be written down)")
+    return JobSpec(
+        run_id=run_id,
+        image=image,
+        variant=variant,
+        config_path=config_path.resolve(),
+        config_text=config_path.read_text(),
+        overrides=tuple(overrides),
+        run_dir=(Path(runs_root) / run_id).resolve(),
+        gpus=parse_gpus(gpus),
+        cpus=cpus,
+        memory=memory,
+        shm_size=shm_size,
+        ipc_host=ipc_host,
+        nodes=nodes,
+        hf_cache=Path(hf_cache).expanduser().resolve() if hf_cache else None,
+        data_dir=Path(data_dir).resolve() if data_dir else None,
+        env=env,
+        secrets=tuple(name for name in SECRET_ENV if environ.get(name)),
+        labels={RUN_ID_LABEL: run_id, MANAGED_LABEL: "true"},
+        namespace=check_namespace(namespace),
+        user=host_user(),
+    )

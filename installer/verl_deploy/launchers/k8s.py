@@ -1,0 +1,436 @@
+"""JobSpec -> Kubernetes objects: a ConfigMap (the config), a PVC (the run directory) and a batch/v1 Job
+(one node) or a KubeRay RayJob (several nodes). Applied with server-side apply through the kubernetes client.
+
+`manifests(spec)` is plain data; the dry run prints it as YAML for `kubectl apply -f -`, and the files under
+k8s/ are rendered from it (tests/test_k8s.py keeps them equal), so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterator
+
+from verl_deploy import runs
+from verl_deploy.launchers.jobspec import (
+    CACHE_DIR,
+    CONFIG_DIR,
+    MANAGED_LABEL,
+    RUN_ID_LABEL,
+    RUNS_DIR,
+    SECRET_ENV,
+    JobSpec,
+    LaunchError,
+)
+from verl_deploy.runs import RunStatus
+
+FIELD_MANAGER = "verl-deploy"
+SECRET_NAME = "verl-deploy-secrets"  # optional; `launch` fills it from the caller's environment
+RUN_VOLUME_SIZE = "50Gi"
+BACKOFF_LIMIT = 2  # a retried pod resumes from the last checkpoint (trainer.resume=auto)
+TTL_AFTER_FINISHED_S = 7 * 24 * 3600
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+NONROOT_ID = 1000
+
+
+def k8s_quantity(size: str) -> str:
+    """Docker's '16g' / '512m' -> Kubernetes' '16Gi' / '512Mi'; Kubernetes spellings pass through."""
+    match = re.fullmatch(r"(\d+)([kmgt])b?", size.strip().lower())
+    return f"{match.group(1)}{match.group(2).upper()}i" if match else size
+
+
+def _gpu_count(spec: JobSpec) -> int:
+    if spec.gpus.device_ids or spec.gpus.count < 0:
+        raise LaunchError(
+            f"--gpus {spec.gpus} cannot be honoured on Kubernetes: the scheduler picks devices, give a count (--gpus 8)"
+        )
+    return spec.gpus.count
+
+
+def _driver_major_floor(variant: str | None) -> int | None:
+    """The lowest driver major the image variant runs on, for GPU Feature Discovery's driver label."""
+    if not variant:
+        return None
+    from verl_deploy.compat import load_catalog
+
+    chosen = load_catalog().get(variant)
+    return int(chosen.min_driver.split(".")[0]) if chosen and chosen.min_driver else None
+
+
+def _node_affinity(spec: JobSpec) -> dict:
+    expressions = [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]
+    floor = _driver_major_floor(spec.variant)
+    if floor:  # GFD's nvidia.com/cuda.driver.major; Gt compares integers
+        expressions.append({"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": [str(floor - 1)]})
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
+        }
+    }
+
+
+def _env(spec: JobSpec) -> list[dict]:
+    env = [{"name": key, "value": value} for key, value in spec.container_env.items()]
+    env += [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": name, "optional": True}}}
+        for name in SECRET_ENV
+    ]
+    return env
+
+
+def _resources(spec: JobSpec) -> dict:
+    cpu = str(spec.cpus or 2)
+    memory = k8s_quantity(spec.memory or "16g")
+    resources = {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
+    gpus = _gpu_count(spec)
+    if gpus:
+        resources["requests"]["nvidia.com/gpu"] = gpus
+        resources["limits"]["nvidia.com/gpu"] = gpus
+    return resources
+
+
+def container(spec: JobSpec, name: str = "trainer", args: list[str] | None = None) -> dict:
+    """The trainer container; `args` replace the image's arguments (its entrypoint is `python -m verl_runtime`)."""
+    body = {
+        "name": name,
+        "image": spec.image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": _env(spec),
+        "resources": _resources(spec),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "runs", "mountPath": RUNS_DIR},
+            {"name": "cache", "mountPath": CACHE_DIR},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+    }
+    if args is not None:
+        body["args"] = args
+    return body
+
+
+def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never") -> dict:
+    body = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": NONROOT_ID,
+            "runAsGroup": NONROOT_ID,
+            "fsGroup": NONROOT_ID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [main],
+        "volumes": [
+            {"name": "config", "configMap": {"name": f"{spec.run_id}-config"}},
+            {"name": "runs", "persistentVolumeClaim": {"claimName": f"{spec.run_id}-runs"}},
+            {"name": "cache", "emptyDir": {}},
+            # PyTorch workers and NCCL exchange tensors through /dev/shm; the default 64 MB is far too small.
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s_quantity(spec.shm_size)}},
+        ],
+    }
+    if restart_policy:
+        body["restartPolicy"] = restart_policy
+    if _gpu_count(spec):
+        body["tolerations"] = [GPU_TOLERATION]
+        body["affinity"] = _node_affinity(spec)
+    return body
+
+
+def _metadata(spec: JobSpec, name: str) -> dict:
+    return {"name": name, "namespace": spec.namespace, "labels": dict(spec.labels)}
+
+
+def config_map(spec: JobSpec) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(spec, f"{spec.run_id}-config"),
+        "data": {"config.yaml": spec.config_text},
+    }
+
+
+def run_volume(spec: JobSpec) -> dict:
+    # Several nodes write to one run directory only through a ReadWriteMany volume.
+    mode = "ReadWriteMany" if spec.nodes > 1 else "ReadWriteOnce"
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(spec, f"{spec.run_id}-runs"),
+        "spec": {"accessModes": [mode], "resources": {"requests": {"storage": RUN_VOLUME_SIZE}}},
+    }
+
+
+def job(spec: JobSpec) -> dict:
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(spec, spec.run_id),
+        "spec": {
+            "backoffLimit": BACKOFF_LIMIT,
+            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
+            "template": {
+                "metadata": {"labels": dict(spec.labels)},
+                "spec": pod_spec(spec, container(spec, args=spec.train_args())),
+            },
+        },
+    }
+
+
+def ray_job(spec: JobSpec) -> dict:
+    """A KubeRay RayJob: a head and `nodes - 1` workers, each with the spec's GPUs; the entrypoint runs the
+    trainer on the head, which joins the cluster through RAY_ADDRESS (set by KubeRay)."""
+    import shlex
+
+    def template(name: str) -> dict:
+        return {"metadata": {"labels": dict(spec.labels)}, "spec": pod_spec(spec, container(spec, name), None)}
+
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": _metadata(spec, spec.run_id),
+        "spec": {
+            "entrypoint": shlex.join(["python", "-m", "verl_runtime", *spec.train_args()]),
+            "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
+            "rayClusterSpec": {
+                "headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0"}, "template": template("ray-head")},
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "workers",
+                        "replicas": spec.nodes - 1,
+                        "minReplicas": spec.nodes - 1,
+                        "maxReplicas": spec.nodes - 1,
+                        "rayStartParams": {},
+                        "template": template("ray-worker"),
+                    }
+                ],
+            },
+        },
+    }
+
+
+def manifests(spec: JobSpec) -> list[dict]:
+    workload = ray_job(spec) if spec.nodes > 1 else job(spec)
+    return [config_map(spec), run_volume(spec), workload]
+
+
+def to_yaml(objects: list[dict]) -> str:
+    import yaml
+
+    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
+
+
+def secret(spec: JobSpec, environ: dict[str, str]) -> dict | None:
+    """The Secret holding the caller's credentials; applied, never printed."""
+    values = {name: environ[name] for name in spec.secrets if environ.get(name)}
+    if not values:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SECRET_NAME, "namespace": spec.namespace, "labels": {MANAGED_LABEL: "true"}},
+        "type": "Opaque",
+        "stringData": values,
+    }
+
+
+# --- talking to a cluster --------------------------------------------------------------------------------------
+
+
+def job_state(job_obj) -> tuple[str, str]:
+    """(state, detail) from a V1Job's status conditions."""
+    status = job_obj.status
+    for condition in (status.conditions or []) if status else []:
+        if condition.status != "True":
+            continue
+        if condition.type == "Complete":
+            return "succeeded", ""
+        if condition.type == "Failed":
+            return "failed", condition.message or condition.reason or ""
+        if condition.type == "Suspended":
+            return "stopped", "suspended"
+    if status and status.active:
+        return "running", ""
+    return "pending", ""
+
+
+def ray_job_state(obj: dict) -> tuple[str, str]:
+    """(state, detail) from a RayJob's status (jobStatus from Ray, jobDeploymentStatus from KubeRay)."""
+    status = obj.get("status") or {}
+    job_status = status.get("jobStatus", "")
+    deployment = status.get("jobDeploymentStatus", "")
+    states = {"SUCCEEDED": "succeeded", "FAILED": "failed", "STOPPED": "stopped", "RUNNING": "running"}
+    if job_status in states:
+        return states[job_status], status.get("message", "")
+    if deployment == "Failed":
+        return "failed", status.get("message", "")
+    return "pending", deployment
+
+
+def newest_pod(pods) -> object | None:
+    """The most recently created pod of a V1PodList (a retried Job has several)."""
+    items = [p for p in pods.items if p.metadata and p.metadata.creation_timestamp]
+    return max(items, key=lambda p: p.metadata.creation_timestamp) if items else None
+
+
+class Cluster:
+    """The few API calls the launcher makes, on a configured kubernetes ApiClient."""
+
+    def __init__(self, api_client=None):
+        from kubernetes import client, config
+
+        if api_client is None:
+            try:
+                config.load_kube_config()
+            except Exception:
+                try:
+                    config.load_incluster_config()
+                except Exception:
+                    raise LaunchError(
+                        "no Kubernetes cluster configured: set KUBECONFIG or run inside a cluster; "
+                        "`--dry-run` prints the manifests without one"
+                    ) from None
+            api_client = client.ApiClient()
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    def check_namespace(self, namespace: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.read_namespace(namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise LaunchError(
+                    f"namespace {namespace!r} does not exist: `kubectl create namespace {namespace}` or pass --namespace"
+                ) from None
+            if exc.status != 403:  # a user who may not read namespaces may still create jobs in theirs
+                raise LaunchError(f"Kubernetes API refused: {exc.status} {exc.reason}") from None
+
+    def apply(self, obj: dict) -> None:
+        """Server-side apply of one object (as field manager verl-deploy)."""
+        common = {
+            "body": obj,
+            "field_manager": FIELD_MANAGER,
+            "force": True,
+            "_content_type": "application/apply-patch+yaml",
+        }
+        name, namespace, kind = obj["metadata"]["name"], obj["metadata"]["namespace"], obj["kind"]
+        if kind == "ConfigMap":
+            self.core.patch_namespaced_config_map(name, namespace, **common)
+        elif kind == "Secret":
+            self.core.patch_namespaced_secret(name, namespace, **common)
+        elif kind == "PersistentVolumeClaim":
+            self.core.patch_namespaced_persistent_volume_claim(name, namespace, **common)
+        elif kind == "Job":
+            self.batch.patch_namespaced_job(name, namespace, **common)
+        elif kind == "RayJob":
+            self.custom.patch_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name, **common)
+        else:
+            raise ValueError(f"cannot apply kind {kind}")
+
+
+class K8sLauncher:
+    target = "k8s"
+
+    def __init__(self, runs_root: Path, namespace: str = "default", cluster: Cluster | None = None):
+        self.runs_root = Path(runs_root)
+        self.namespace = namespace
+        self._cluster = cluster
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = Cluster()
+        return self._cluster
+
+    def dry_run(self, spec: JobSpec) -> str:
+        header = f"# verl-deploy run {spec.run_id}: kubectl apply -f - (server-side: --server-side)\n"
+        if spec.secrets:
+            header += (
+                f"# {', '.join(spec.secrets)} come from Secret {SECRET_NAME} (not shown): kubectl create secret generic "
+                f"{SECRET_NAME} -n {spec.namespace} " + " ".join(f"--from-literal={n}=..." for n in spec.secrets) + "\n"
+            )
+        return header + to_yaml(manifests(spec))
+
+    def launch(self, spec: JobSpec, detach: bool = False) -> int:
+        import os
+
+        self.cluster.check_namespace(spec.namespace)
+        credentials = secret(spec, dict(os.environ))
+        for obj in ([credentials] if credentials else []) + manifests(spec):
+            self.cluster.apply(obj)
+        runs.write_record(spec.run_dir, {"run_id": spec.run_id, "target": self.target, "image": spec.image,
+                                         "namespace": spec.namespace, "nodes": spec.nodes})
+        if detach:
+            return 0
+        for text in self.logs(spec.run_id, follow=True):
+            print(text, end="", flush=True)
+        final = self.status(spec.run_id)
+        return 0 if final.state == "succeeded" else 1
+
+    def _selector(self, run_id: str) -> str:
+        return f"{RUN_ID_LABEL}={run_id}"
+
+    def status(self, run_id: str) -> RunStatus:
+        jobs = self.cluster.batch.list_namespaced_job(self.namespace, label_selector=self._selector(run_id)).items
+        if jobs:
+            state, detail = job_state(jobs[0])
+            image = jobs[0].spec.template.spec.containers[0].image
+        else:
+            found = self.cluster.custom.list_namespaced_custom_object(
+                "ray.io", "v1", self.namespace, "rayjobs", label_selector=self._selector(run_id)
+            )["items"]
+            if not found:
+                raise LaunchError(f"no Kubernetes job for run {run_id!r} in namespace {self.namespace!r}")
+            state, detail = ray_job_state(found[0])
+            image = found[0]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+        return RunStatus(run_id=run_id, target=self.target, state=state, image=image, detail=detail,
+                         run_dir=f"pvc {run_id}-runs:{RUNS_DIR}/{run_id}")
+
+    def logs(self, run_id: str, follow: bool = False) -> Iterator[str]:
+        """The trainer pod's log (the newest pod of the run: a retried Job has several)."""
+        import time
+
+        for _ in range(600 if follow else 1):  # wait for the pod to be scheduled and started
+            pod = newest_pod(self.cluster.core.list_namespaced_pod(self.namespace, label_selector=self._selector(run_id)))
+            if pod is not None and pod.status.phase != "Pending":
+                break
+            if not follow:
+                raise LaunchError(f"run {run_id!r} has no started pod yet")
+            time.sleep(1)
+        else:
+            raise LaunchError(f"run {run_id!r}: no pod started within 10 minutes (`kubectl describe job {run_id}`)")
+        name = pod.metadata.name
+        if not follow:
+            yield self.cluster.core.read_namespaced_pod_log(name, self.namespace)
+            return
+        stream = self.cluster.core.read_namespaced_pod_log(name, self.namespace, follow=True, _preload_content=False)
+        for chunk in stream.stream():
+            yield chunk.decode(errors="replace")
+
+    def stop(self, run_id: str) -> None:
+        """Delete the workload (its pods get SIGTERM and a grace period to checkpoint); the PVC stays."""
+        from kubernetes import client
+
+        options = client.V1DeleteOptions(propagation_policy="Foreground")
+        jobs = self.cluster.batch.list_namespaced_job(self.namespace, label_selector=self._selector(run_id)).items
+        for item in jobs:
+            self.cluster.batch.delete_namespaced_job(item.metadata.name, self.namespace, body=options)
+        if not jobs:
+            self.cluster.custom.delete_namespaced_custom_object("ray.io", "v1", self.namespace, "rayjobs", run_id)
+
+    def list(self) -> list[RunStatus]:
+        jobs = self.cluster.batch.list_namespaced_job(self.namespace, label_selector=MANAGED_LABEL).items
+        result = []
+        for item in jobs:
+            state, detail = job_state(item)
+            result.append(RunStatus(run_id=item.metadata.labels[RUN_ID_LABEL], target=self.target, state=state,
+                                    image=item.spec.template.spec.containers[0].image, detail=detail))
+        return result

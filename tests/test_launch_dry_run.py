@@ -1,0 +1,109 @@
+"""`verl-deploy run --dry-run`: the docker line and the JobSpec behind it; bad input fails in one line."""
+
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from verl_deploy.cli import app
+from verl_deploy.launchers.docker import container_options, docker_run_args
+from verl_deploy.launchers.jobspec import LaunchError, build_spec, parse_gpus
+
+SECRET = "hf_very_secret_value_123"
+
+
+@pytest.fixture
+def config(tmp_path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text("model:\n  path: builtin:tiny\n")
+    return path
+
+
+def invoke(*args, env=None):
+    return CliRunner().invoke(app, [str(a) for a in args], env=env)
+
+
+def test_docker_dry_run_is_a_docker_run_line_with_secrets_by_name_only(config, tmp_path):
+    result = invoke("run", config, "--target", "docker", "--dry-run", "--image", "verl-deploy:test",
+                    "--gpus", "0,1", "--set", "trainer.total_steps=2", "--run-id", "demo",
+                    "--runs-dir", tmp_path / "runs", "--hf-cache", tmp_path / "hf",
+                    env={"HF_TOKEN": SECRET, "WANDB_API_KEY": SECRET})
+    assert result.exit_code == 0, result.output
+    argv = shlex.split(result.stdout)
+    assert argv[:2] == ["docker", "run"]
+    assert SECRET not in result.output
+    assert ["-e", "HF_TOKEN"] == argv[argv.index("HF_TOKEN") - 1: argv.index("HF_TOKEN") + 1]
+    assert "--label" in argv and "verl-deploy.run-id=demo" in argv
+    assert argv[argv.index("--gpus") + 1] == '"device=0,1"'
+    assert argv[argv.index("--shm-size") + 1] == "16g"
+    assert "memlock=-1" in argv and "stack=67108864" in argv
+    assert f"{config.resolve()}:/etc/verl-deploy/config.yaml:ro" in argv
+    assert f"{(tmp_path / 'runs' / 'demo').resolve()}:/workspace/runs/demo" in argv
+    assert argv[argv.index("--user") + 1] != "0:0"
+    image_at = argv.index("verl-deploy:test")
+    assert argv[image_at + 1:] == [
+        "train", "/etc/verl-deploy/config.yaml", "--set", "trainer.run_dir=/workspace/runs/demo",
+        "--set", "trainer.resume=auto", "--set", "trainer.total_steps=2",
+    ]
+    assert not (tmp_path / "runs").exists(), "a dry run has no side effects"
+
+
+def test_sdk_options_match_the_dry_run_line(config, tmp_path):
+    spec = build_spec(config, image="img:1", runs_root=tmp_path, run_id="r1", gpus="all", ipc_host=True,
+                      cpus=2, memory="8g", environ={"HF_TOKEN": SECRET})
+    options = container_options(spec, environ={"HF_TOKEN": SECRET})
+    argv = docker_run_args(spec)
+    assert options["device_requests"][0]["Count"] == -1 and ["--gpus", "all"] == argv[argv.index("--gpus"):][:2]
+    assert options["ipc_mode"] == "host" and "shm_size" not in options and "--shm-size" not in argv
+    assert options["labels"] == {"verl-deploy.run-id": "r1", "verl-deploy.managed": "true"}
+    assert options["command"] == argv[argv.index("img:1") + 1:]
+    assert options["environment"]["HF_TOKEN"] == SECRET  # the value reaches the container only
+    assert SECRET not in str(options["labels"]) and SECRET not in shlex.join(argv)
+    assert {m["Target"]: m["ReadOnly"] for m in options["mounts"]}["/etc/verl-deploy/config.yaml"] is True
+    assert options["nano_cpus"] == 2_000_000_000 and options["mem_limit"] == "8g"
+
+
+@pytest.mark.parametrize(
+    "text, count, ids",
+    [("all", -1, ()), ("2", 2, ()), ("0,1", 0, ("0", "1")), ("GPU-3f9a,GPU-77b1", 0, ("GPU-3f9a", "GPU-77b1")),
+     (None, 0, ()), ("0", 0, ())],
+)
+def test_gpu_requests(text, count, ids):
+    gpus = parse_gpus(text)
+    assert (gpus.count, gpus.device_ids) == (count, ids)
+
+
+def test_uuid_gpus_become_device_requests(config, tmp_path):
+    spec = build_spec(config, image="i", runs_root=tmp_path, gpus="GPU-3f9a", environ={})
+    request = container_options(spec, environ={})["device_requests"][0]
+    assert request["DeviceIDs"] == ["GPU-3f9a"] and request["Capabilities"] == [["gpu"]]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "missing.yaml", "--dry-run", "--image", "i"], "config file 'missing.yaml' does not exist"),
+        (["run", "{config}", "--dry-run", "--image", "i", "--gpus", "lots"], "--gpus 'lots' is not understood"),
+        (["run", "{config}", "--dry-run", "--image", "i", "--set", "nokey"], "needs the form key=value"),
+        (["run", "{config}", "--dry-run", "--image", "i", "--target", "k8s", "-n", "Bad_NS"],
+         "not a valid Kubernetes namespace"),
+        (["run", "{config}", "--dry-run", "--image", "i", "--target", "k8s", "--gpus", "all"],
+         "give a count"),
+        (["run", "{config}", "--dry-run", "--image", "i", "-e", "HF_TOKEN=x"], "must come from the environment"),
+        (["run", "{config}", "--dry-run", "--image", "i", "--target", "moon"], "unknown target 'moon'"),
+    ],
+)
+def test_bad_input_is_one_line_and_non_zero(args, message, config):
+    result = invoke(*[a.replace("{config}", str(config)) for a in args])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.output
+    assert "Traceback" not in result.output
+
+
+def test_run_ids_are_dns_labels(config, tmp_path):
+    spec = build_spec(config, image="i", runs_root=tmp_path, environ={})
+    assert spec.run_id.startswith("tiny-") and len(spec.run_id) <= 52
+    with pytest.raises(LaunchError):
+        build_spec(config, image="i", runs_root=tmp_path, run_id="Not_OK", environ={})
