@@ -1,5 +1,7 @@
 """verl-deploy commands: parse, call one function, render. Heavy imports stay inside commands."""
 
+from pathlib import Path
+
 import typer
 
 from verl_deploy import __version__
@@ -22,6 +24,217 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     pass
+
+
+@app.command()
+def doctor(
+    json_output: bool = typer.Option(False, "--json", help="Print the findings as JSON (schema: docs/doctor.md)."),
+    k8s: bool = typer.Option(False, "--k8s", help="Check the Kubernetes cluster even without a kubeconfig."),
+    gpu_smoke: bool = typer.Option(False, "--gpu-smoke", help="Run a short container with GPUs to prove the path."),
+    nvml_reading: Path = typer.Option(
+        None, "--nvml-reading", envvar="VERL_DEPLOY_NVML_READING", hidden=True,
+        help="Replay a recorded NVML reading (JSON) instead of asking this host's driver.",
+    ),
+) -> None:
+    """Is this host ready? Driver, CUDA, GPUs, PyTorch, Docker, GPU runtime, cluster. Exit 1 when a check fails."""
+    from verl_deploy.doctor import diagnose
+    from verl_deploy.doctor.render import to_json, to_table
+
+    try:
+        report = diagnose(nvml_reading=nvml_reading, k8s=k8s, gpu_smoke=gpu_smoke)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--nvml-reading") from None
+    if json_output:
+        typer.echo(to_json(report.findings, report.recommended_variant))
+    else:
+        from rich.console import Console
+
+        Console().print(to_table(report.findings, report.recommended_variant))
+    raise typer.Exit(report.exit_code)
+
+
+# --- run, status, logs, stop, runs: launchers (one JobSpec, translated per target) ------------------------------
+
+_RUNS_DIR_OPTION = typer.Option(None, "--runs-dir", envvar="VERL_DEPLOY_RUNS", help="Where run directories live [default: ./runs].")
+
+
+def _launch_error(exc: Exception) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(2)
+
+
+def _launcher(target: str | None, run_id: str | None, runs_dir: Path | None, namespace: str | None):
+    """The launcher of a run: the target recorded in its run directory, else the one asked for (docker)."""
+    from verl_deploy import runs
+    from verl_deploy.launchers import get_launcher
+
+    root = runs_dir or runs.default_runs_root()
+    record = runs.read_record(root / run_id) if run_id else {}
+    return get_launcher(target or record.get("target", "docker"), root, namespace or record.get("namespace", "default"))
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="Training config (YAML), e.g. examples/quickstart.yaml."),
+    target: str = typer.Option("docker", "--target", "-t", help="local | docker | k8s"),
+    gpus: str = typer.Option(None, "--gpus", help="all, a count (2), indices (0,1) or UUIDs (GPU-...)."),
+    image: str = typer.Option(None, "--image", help="Image to run [default: the variant's local tag]."),
+    variant: str = typer.Option(None, "--variant", help="Image variant (docker/variants.yaml) [default: cpu, or doctor's choice with --gpus]."),
+    overrides: list[str] = typer.Option([], "--set", help="Config override key=value (repeatable)."),
+    env: list[str] = typer.Option([], "--env", "-e", help="Extra environment KEY=VALUE (repeatable; not for secrets)."),
+    cpus: float = typer.Option(None, "--cpus", help="CPU limit (Docker) / request (Kubernetes)."),
+    memory: str = typer.Option(None, "--memory", help="Memory limit, e.g. 64g."),
+    shm_size: str = typer.Option("16g", "--shm-size", help="Shared memory for PyTorch workers and NCCL."),
+    ipc_host: bool = typer.Option(False, "--ipc-host", help="Share the host's IPC namespace instead of --shm-size (Docker)."),
+    nodes: int = typer.Option(1, "--nodes", help="Nodes; more than one runs a Ray cluster (Kubernetes: a RayJob)."),
+    data: Path = typer.Option(None, "--data", help="Host data directory, mounted read-only at /data."),
+    hf_cache: Path = typer.Option(None, "--hf-cache", help="Host Hugging Face cache [default: $HF_HOME or ~/.cache/huggingface]."),
+    namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
+    run_id: str = typer.Option(None, "--run-id", help="Name of the run [default: <config>-<time>-<random>]."),
+    resume: str = typer.Option(None, "--resume", help="Continue run RUN_ID from its last checkpoint."),
+    runs_dir: Path = _RUNS_DIR_OPTION,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run (docker run line, Kubernetes YAML); start nothing."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Start and return; follow with `verl-deploy logs -f RUN`."),
+) -> None:
+    """Train with CONFIG on this host (local), in a container (docker) or on a cluster (k8s)."""
+    import os
+
+    from verl_deploy import runs
+    from verl_deploy.launchers import (
+        CLUSTER_GPU_VARIANT, LaunchError, default_image, ensure_default_image, get_launcher,
+    )
+    from verl_deploy.launchers.jobspec import build_spec, parse_gpus
+
+    try:
+        extra_env = dict(item.split("=", 1) for item in env)
+        wanted_gpus = parse_gpus(gpus).wanted
+        variant = variant or ("auto" if wanted_gpus else "cpu")
+        if variant == "auto" and target == "k8s":
+            variant = CLUSTER_GPU_VARIANT  # the cluster's drivers are not this host's
+        if image is None and target == "docker" and not dry_run:
+            image = ensure_default_image(variant)
+        elif image is None:
+            image = default_image(variant)
+        if hf_cache is None and target == "docker":
+            hf_cache = Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser()
+        spec = build_spec(
+            config, image=image, variant=None if variant == "auto" else variant,
+            runs_root=runs_dir or runs.default_runs_root(), run_id=resume or run_id, overrides=tuple(overrides),
+            gpus=gpus, cpus=cpus, memory=memory, shm_size=shm_size, ipc_host=ipc_host, nodes=nodes,
+            hf_cache=hf_cache, data_dir=data, env=extra_env, namespace=namespace,
+        )
+        launcher = get_launcher(target, runs_dir or runs.default_runs_root(), namespace)
+        if dry_run:
+            typer.echo(launcher.dry_run(spec))
+            return
+        if detach:
+            typer.echo(f"run {spec.run_id} started ({target}); follow it: verl-deploy logs -f {spec.run_id}", err=True)
+        code = launcher.launch(spec, detach=detach)
+    except (LaunchError, ValueError) as exc:
+        raise _launch_error(exc) from None
+    if not detach:
+        typer.echo(f"run {spec.run_id} ended with exit code {code}; run directory: {spec.run_dir}", err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def status(
+    run_id: str = typer.Argument(None, help="The run [default: all runs, as `runs`]."),
+    target: str = typer.Option(None, "--target", "-t", help="local | docker | k8s [default: as recorded]."),
+    namespace: str = typer.Option(None, "--namespace", "-n"),
+    runs_dir: Path = _RUNS_DIR_OPTION,
+    json_output: bool = typer.Option(False, "--json", help="Print as JSON."),
+) -> None:
+    """State of a run and its last metrics line (step, reward, throughput)."""
+    import json
+
+    from verl_deploy.launchers import LaunchError
+
+    if run_id is None:
+        runs_(target=target, namespace=namespace, runs_dir=runs_dir, json_output=json_output)
+        return
+    try:
+        found = _launcher(target, run_id, runs_dir, namespace).status(run_id)
+    except LaunchError as exc:
+        raise _launch_error(exc) from None
+    if json_output:
+        typer.echo(json.dumps(found.to_json(), indent=2))
+        return
+    code = "" if found.exit_code is None else f" (exit {found.exit_code})"
+    typer.echo(f"{found.run_id}  {found.target}  {found.state}{code}  {found.progress}")
+    typer.echo(f"  run dir: {found.run_dir}")
+    if found.checkpoints:
+        typer.echo(f"  checkpoints: {', '.join(found.checkpoints)}")
+    if found.detail:
+        typer.echo(f"  {found.detail}")
+
+
+@app.command()
+def logs(
+    run_id: str = typer.Argument(..., help="The run."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the run ends."),
+    target: str = typer.Option(None, "--target", "-t"),
+    namespace: str = typer.Option(None, "--namespace", "-n"),
+    runs_dir: Path = _RUNS_DIR_OPTION,
+) -> None:
+    """The run's output."""
+    import sys
+
+    from verl_deploy.launchers import LaunchError
+
+    try:
+        for text in _launcher(target, run_id, runs_dir, namespace).logs(run_id, follow=follow):
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    except LaunchError as exc:
+        raise _launch_error(exc) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+@app.command()
+def stop(
+    run_id: str = typer.Argument(..., help="The run."),
+    target: str = typer.Option(None, "--target", "-t"),
+    namespace: str = typer.Option(None, "--namespace", "-n"),
+    runs_dir: Path = _RUNS_DIR_OPTION,
+) -> None:
+    """Stop a run gracefully (SIGTERM: it writes a checkpoint; `run --resume RUN` continues it)."""
+    from verl_deploy.launchers import LaunchError
+
+    try:
+        _launcher(target, run_id, runs_dir, namespace).stop(run_id)
+    except LaunchError as exc:
+        raise _launch_error(exc) from None
+    typer.echo(f"stopped {run_id}")
+
+
+@app.command("runs")
+def runs_(
+    target: str = typer.Option(None, "--target", "-t", help="Only this target [default: local and docker]."),
+    namespace: str = typer.Option(None, "--namespace", "-n"),
+    runs_dir: Path = _RUNS_DIR_OPTION,
+    json_output: bool = typer.Option(False, "--json", help="Print as JSON."),
+) -> None:
+    """List runs (found by the verl-deploy.run-id label, and in the runs directory)."""
+    import json
+
+    from verl_deploy.launchers import LaunchError
+
+    found = []
+    for name in [target] if target else ["local", "docker"]:
+        try:
+            found += _launcher(name, None, runs_dir, namespace).list()
+        except LaunchError as exc:
+            if target:
+                raise _launch_error(exc) from None
+    if json_output:
+        typer.echo(json.dumps([r.to_json() for r in found], indent=2))
+        return
+    for r in found:
+        typer.echo(f"{r.run_id}  {r.target}  {r.state}  {r.progress}")
+    if not found:
+        typer.echo("no runs")
 
 
 def main() -> None:
