@@ -1,0 +1,213 @@
+"""NVIDIA: driver, CUDA, GPUs and the image variants they can run, from one NVML reading.
+
+The reading is a plain dict (see tests/fixtures/nvml/h200.json), taken live through nvidia-ml-py or replayed
+from a file, so every check below runs the same on a real GPU host and on a recorded one. Record this host's
+reading with `python -m verl_deploy.doctor.gpu > reading.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+from verl_deploy import compat
+from verl_deploy.doctor.core import Context, Finding
+
+AREA = "nvidia"
+GPU_MODE_REMEDY = (
+    f"for GPU mode install the NVIDIA driver (>= {compat.DRIVER_FLOOR}) and, for containers, "
+    "the NVIDIA Container Toolkit"
+)
+
+
+def read_nvml() -> dict[str, Any]:
+    """This host's NVML reading. A missing library or a failing init is recorded as `error`, never raised."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        return {"error": "library_not_found", "message": f"nvidia-ml-py is not installed ({exc})"}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        return {"error": "library_not_found", "message": "libnvidia-ml.so.1 not found: no NVIDIA driver"}
+    except pynvml.NVMLError as exc:
+        return {"error": "init_failed", "message": str(exc)}
+    try:
+        return _read_devices(pynvml)
+    except pynvml.NVMLError as exc:
+        return {"error": "query_failed", "message": str(exc)}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _read_devices(nvml: Any) -> dict[str, Any]:
+    count = nvml.nvmlDeviceGetCount()
+    reading = {
+        "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),
+        "cuda_driver_version": nvml.nvmlSystemGetCudaDriverVersion_v2(),
+        "nvml_version": _text(nvml.nvmlSystemGetNVMLVersion()),
+        "device_count": count,
+        "kernel": platform.release(),
+        "devices": [],
+    }
+    for index in range(count):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+
+        def optional(query: Any, *args: Any) -> Any:
+            # Queries a GPU may not support (ECC and MIG on GeForce cards) read as None.
+            try:
+                return query(handle, *args)
+            except nvml.NVMLError:
+                return None
+
+        reading["devices"].append(
+            {
+                "index": index,
+                "name": _text(nvml.nvmlDeviceGetName(handle)),
+                "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
+                "pci_bus_id": _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
+                "memory_total": memory.total,
+                "memory_used": memory.used,
+                "compute_capability": list(nvml.nvmlDeviceGetCudaComputeCapability(handle)),
+                "mig_mode": _list(optional(nvml.nvmlDeviceGetMigMode)),
+                "persistence_mode": optional(nvml.nvmlDeviceGetPersistenceMode),
+                "temperature_c": optional(nvml.nvmlDeviceGetTemperature, nvml.NVML_TEMPERATURE_GPU),
+                "power_limit_mw": optional(nvml.nvmlDeviceGetPowerManagementLimit),
+                "ecc_mode": _list(optional(nvml.nvmlDeviceGetEccMode)),
+                "brand": optional(nvml.nvmlDeviceGetBrand),
+                "architecture": optional(nvml.nvmlDeviceGetArchitecture),
+                "max_pcie_link_gen": optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration),
+                "processes": len(optional(nvml.nvmlDeviceGetComputeRunningProcesses) or []),
+            }
+        )
+    return reading
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _list(value: Any) -> list[int] | None:
+    return None if value is None else list(value)
+
+
+def load_reading(path: Path) -> dict[str, Any]:
+    """A recorded reading; ValueError with a one-line reason when it is not one."""
+    try:
+        reading = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read NVML reading {path}: {exc}") from exc
+    if not isinstance(reading, dict) or not ("error" in reading or "driver_version" in reading):
+        raise ValueError(f"{path} is not an NVML reading (needs driver_version or error)")
+    return reading
+
+
+def check(ctx: Context) -> list[Finding]:
+    reading = ctx.nvml
+    if reading.get("error") == "library_not_found":
+        return [Finding(AREA, "driver", "skip", "no NVIDIA driver: CPU mode works (variant cpu)", GPU_MODE_REMEDY)]
+    if reading.get("error"):
+        return [
+            Finding(
+                AREA,
+                "driver",
+                "fail",
+                f"NVML is installed but fails: {reading.get('message', reading['error'])}",
+                "run `nvidia-smi`; a driver/library version mismatch clears after a reboot (or reloading the "
+                "nvidia kernel modules); a driver that is not loaded needs `sudo modprobe nvidia`",
+            )
+        ]
+    findings = [_driver_finding(reading)]
+    if not ctx.gpus:
+        findings.append(
+            Finding(AREA, "gpus", "skip", "the driver sees no GPU: CPU mode works (variant cpu)",
+                    "check the GPU is seated and visible: `nvidia-smi -L`")
+        )
+    findings += [_gpu_finding(gpu) for gpu in ctx.gpus]
+    findings += _variant_findings(ctx)
+    return findings
+
+
+def _driver_finding(reading: dict[str, Any]) -> Finding:
+    driver = reading["driver_version"]
+    cuda = reading.get("cuda_driver_version")
+    cuda_text = compat.cuda_from_nvml(cuda) if cuda else compat.max_cuda(driver) or "none"
+    message = f"driver {driver}, CUDA up to {cuda_text}"
+    if not compat.meets_floor(driver):
+        return Finding(
+            AREA, "driver", "fail", f"{message}: older than {compat.DRIVER_FLOOR}, the floor verl asks for",
+            f"upgrade the NVIDIA driver to >= {compat.DRIVER_FLOOR} (550 or newer recommended)",
+        )
+    return Finding(AREA, "driver", "ok", message)
+
+
+def _gpu_finding(gpu: dict[str, Any]) -> Finding:
+    index = gpu.get("index", 0)
+    cc = gpu.get("compute_capability")
+    used_gib = (gpu.get("memory_used") or 0) / 2**30
+    parts = [
+        gpu.get("name", "unknown GPU"),
+        f"{gpu.get('memory_total', 0) / 2**30:.1f} GiB ({used_gib:.1f} GiB used)",
+        f"CC {cc[0]}.{cc[1]}" if cc else "CC unknown",
+        f"MIG {_on_off(gpu.get('mig_mode'))}",
+        f"ECC {_on_off(gpu.get('ecc_mode'))}",
+        f"{gpu.get('processes') or 0} processes",
+    ]
+    message = ", ".join(parts)
+    name = f"gpu {index}"
+    mig, ecc = gpu.get("mig_mode"), gpu.get("ecc_mode")
+    if mig and mig[0]:
+        return Finding(
+            AREA, name, "warn", f"{message}: MIG splits this GPU; a process sees one MIG instance",
+            f"to use the whole GPU: `sudo nvidia-smi -i {index} -mig 0` (then reset the GPU)",
+        )
+    if mig and mig[0] != mig[1] or ecc and ecc[0] != ecc[1]:
+        return Finding(AREA, name, "warn", f"{message}: a mode change is pending", "reboot or reset the GPU to apply it")
+    if ecc and not ecc[0]:
+        return Finding(
+            AREA, name, "warn", f"{message}: ECC is off, memory errors go unnoticed",
+            f"`sudo nvidia-smi -i {index} -e 1`, then reboot",
+        )
+    if gpu.get("processes"):
+        return Finding(
+            AREA, name, "warn", f"{message}: other processes use this GPU",
+            "see them with `nvidia-smi`; free the GPU or choose others with --gpus",
+        )
+    return Finding(AREA, name, "ok", message)
+
+
+def _on_off(mode: list[int] | None) -> str:
+    return "n/a" if mode is None else ("on" if mode[0] else "off")
+
+
+def _variant_findings(ctx: Context) -> list[Finding]:
+    verdicts = compat.check_variants(ctx.driver, ctx.capabilities)
+    findings = [
+        Finding(AREA, f"variant {v.variant.name}", "ok", f"runs ({_describe(v.variant)})")
+        if v.runs
+        else Finding(AREA, f"variant {v.variant.name}", "skip", f"cannot run here: {v.reason}", v.remedy)
+        for v in verdicts
+    ]
+    best = compat.choose_variant(ctx.driver, ctx.capabilities)
+    if ctx.gpus and best.is_cpu:
+        drivers = [v.needs_driver for v in verdicts if v.needs_driver]
+        remedy = (
+            f"upgrade the NVIDIA driver to >= {min(drivers, key=compat.version_tuple)}"
+            if drivers
+            else "see the variant lines above"
+        )
+        findings.append(Finding(AREA, "best variant", "fail", "no CUDA variant runs on this host: only cpu", remedy))
+    else:
+        findings.append(Finding(AREA, "best variant", "ok", f"{best.name} (images build --variant auto picks it)"))
+    return findings
+
+
+def _describe(variant: compat.Variant) -> str:
+    return "CPU only" if variant.is_cpu else f"CUDA {variant.cuda}, torch {variant.torch}"
+
+
+if __name__ == "__main__":
+    print(json.dumps(read_nvml(), indent=1))
