@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 from conftest import FIXTURES, REPO
@@ -10,6 +11,7 @@ from typer.testing import CliRunner
 
 from verl_deploy.cli import app
 from verl_deploy.doctor import gpu
+from verl_deploy.doctor.core import Context, Finding, exit_code, run_checks
 
 READINGS = FIXTURES / "nvml"
 FINDING_KEYS = {"area", "name", "status", "message", "remedy"}
@@ -195,3 +197,19 @@ def test_doctor_never_imports_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_check_that_crashes_or_hangs_becomes_a_fail_finding():
+    def crashes(ctx):
+        raise RuntimeError("boom")
+
+    def hangs(ctx):
+        threading.Event().wait()
+
+    def fine(ctx):
+        return [Finding("host", "fine", "ok", "fine")]
+
+    findings = run_checks({"host": fine, "docker": crashes, "kubernetes": hangs}, Context(nvml={}), timeout_s=0.2)
+    assert [(f.area, f.status) for f in findings] == [("host", "ok"), ("docker", "fail"), ("kubernetes", "fail")]
+    assert "boom" in findings[1].message and "no answer within 0.2 s" in findings[2].message
+    assert exit_code(findings) == 1 and exit_code(findings[:1]) == 0

@@ -12,6 +12,7 @@ STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "skip")
 
 # Every probe runs under a timeout, so a hung daemon or an unreachable cluster cannot hang doctor.
 PROBE_TIMEOUT_S = 5.0
+BUG_REMEDY = "this is a bug in verl-deploy doctor; please report it with this output"
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def run_checks(checks: dict[str, Check], ctx: Context, timeout_s: float) -> list
         try:
             slots[area] = check(ctx)
         except Exception as exc:
-            slots[area] = [Finding(area, "check", "fail", f"the {area} check failed: {exc}", _BUG_REMEDY)]
+            slots[area] = [Finding(area, "check", "fail", f"the {area} check failed: {exc}", BUG_REMEDY)]
 
     threads = {
         area: threading.Thread(target=run_one, args=(area, check), daemon=True) for area, check in checks.items()
@@ -103,9 +104,6 @@ def run_checks(checks: dict[str, Check], ctx: Context, timeout_s: float) -> list
                         "something it probes is hanging; rerun with that service fixed or stopped")
             )
     return findings
-
-
-_BUG_REMEDY = "this is a bug in verl-deploy doctor; please report it with this output"
 
 
 def root_cause(exc: BaseException) -> BaseException:

@@ -29,8 +29,11 @@ def check(ctx: Context) -> list[Finding]:
 
 def data_dirs() -> dict[str, Path]:
     """Where runs (checkpoints, metrics) and downloaded models go."""
-    hf_home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "huggingface"
-    return {"runs": Path.cwd() / "runs", "model cache": Path(hf_home)}
+    from verl_deploy.runs import default_runs_root
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    hf_home = os.environ.get("HF_HOME") or cache / "huggingface"
+    return {"runs": default_runs_root().absolute(), "model cache": Path(hf_home)}
 
 
 def _os() -> Finding:
