@@ -84,8 +84,8 @@ def _resources(spec: JobSpec) -> dict:
     resources = {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
     gpus = _gpu_count(spec)
     if gpus:
-        resources["requests"]["nvidia.com/gpu"] = gpus
-        resources["limits"]["nvidia.com/gpu"] = gpus
+        resources["requests"]["nvidia.com/gpu"] = str(gpus)
+        resources["limits"]["nvidia.com/gpu"] = str(gpus)  # quantities are strings
     return resources
 
 

@@ -1,0 +1,217 @@
+"""Kubernetes: the launcher's manifests and the k8s/ kustomize tree are one source, valid against the official
+schemas (and KubeRay's RayJob CRD); the apply/status/log code works with the kubernetes client's own models.
+
+No Kubernetes API server runs here: apply and the namespace check are exercised against a small local HTTP
+endpoint that records what the real kubernetes client sends; nothing is checked against a live cluster.
+"""
+
+import json
+import shutil
+import subprocess
+import threading
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import jsonschema
+import pytest
+import yaml
+from conftest import FIXTURES, REPO, require
+from typer.testing import CliRunner
+
+from verl_deploy.cli import app
+from verl_deploy.launchers import kustomize
+from verl_deploy.launchers.jobspec import LaunchError, build_spec
+from verl_deploy.launchers.k8s import Cluster, K8sLauncher, job_state, manifests, newest_pod, ray_job_state
+
+pytestmark = pytest.mark.k8s
+K8S_VERSION = "1.30"
+SECRET = "wandb_secret_value_42"
+
+
+def validate(obj: dict) -> None:
+    """Official schemas (strict: unknown fields fail) for built-in kinds; KubeRay's CRD schema for RayJob."""
+    import kubernetes_validate
+
+    if obj["kind"] != "RayJob":
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        return
+    schema = yaml.safe_load((FIXTURES / "kuberay" / "rayjob-v1-schema.yaml").read_text())
+    jsonschema.validate(obj, schema)
+    cluster = obj["spec"]["rayClusterSpec"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        pod_template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": group["template"]}
+        kubernetes_validate.validate(pod_template, K8S_VERSION, strict=True)
+
+
+def kubectl_kustomize(overlay: str) -> list[dict]:
+    require(shutil.which("kubectl") is not None, "kubectl not installed (.ci/services.sh installs it)")
+    out = subprocess.run(["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / overlay)],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def by_kind(objects: list[dict]) -> dict:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def test_k8s_tree_is_rendered_from_the_launcher():
+    expected = kustomize.files(REPO / "k8s" / "base" / "config.yaml")
+    for relative, text in expected.items():
+        assert (REPO / "k8s" / relative).read_text() == text, (
+            f"k8s/{relative} is stale: run `python -m verl_deploy.launchers.kustomize k8s`"
+        )
+
+
+@pytest.mark.parametrize("overlay", list(kustomize.OVERLAYS))
+def test_overlay_renders_the_launchers_objects_and_validates(overlay):
+    rendered = kubectl_kustomize(overlay)
+    launcher = manifests(kustomize.overlay_spec(overlay, REPO / "k8s" / "base" / "config.yaml"))
+    assert by_kind(rendered) == by_kind(launcher)
+    for obj in rendered:
+        validate(obj)
+
+
+@pytest.mark.parametrize("flags", [["--gpus", "1"], ["--gpus", "8", "--memory", "256g"], ["--gpus", "8", "--nodes", "3"], []])
+def test_dry_run_yaml_validates_and_keeps_secrets_out(flags, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  path: builtin:tiny\n")
+    result = CliRunner().invoke(
+        app, ["run", str(config), "--target", "k8s", "--dry-run", "--image", "registry.local/verl:1", *flags,
+              "--runs-dir", str(tmp_path)],
+        env={"WANDB_API_KEY": SECRET},
+    )
+    assert result.exit_code == 0, result.output
+    assert SECRET not in result.output and "kubectl create secret generic verl-deploy-secrets" in result.output
+    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    assert [o["kind"] for o in objects][:2] == ["ConfigMap", "PersistentVolumeClaim"]
+    for obj in objects:
+        validate(obj)
+    workload = objects[-1]
+    assert workload["kind"] == ("RayJob" if "--nodes" in flags else "Job")
+    pods = (
+        [workload["spec"]["template"]]
+        if workload["kind"] == "Job"
+        else [workload["spec"]["rayClusterSpec"]["headGroupSpec"]["template"],
+              workload["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]]
+    )
+    for pod in pods:
+        spec = pod["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        main = spec["containers"][0]
+        assert main["securityContext"]["allowPrivilegeEscalation"] is False
+        assert main["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in spec["volumes"]
+        if "--gpus" in flags:
+            gpus = int(flags[flags.index("--gpus") + 1])
+            assert main["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
+            assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
+            terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            keys = [e["key"] for e in terms["nodeSelectorTerms"][0]["matchExpressions"]]
+            assert keys == ["nvidia.com/gpu.present", "nvidia.com/cuda.driver.major"]
+        else:
+            assert "nvidia.com/gpu" not in main["resources"]["limits"] and "tolerations" not in spec
+    if workload["kind"] == "Job":
+        assert workload["spec"]["backoffLimit"] >= 1 and workload["spec"]["ttlSecondsAfterFinished"] > 0
+    else:
+        assert workload["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 2
+
+
+# --- the cluster-facing code, with the kubernetes client's own models ----------------------------------------
+
+
+def test_job_state_from_conditions():
+    from kubernetes.client import V1Job, V1JobCondition, V1JobStatus
+
+    def state(**status):
+        return job_state(V1Job(status=V1JobStatus(**status)))
+
+    assert state(conditions=[V1JobCondition(type="Complete", status="True")]) == ("succeeded", "")
+    assert state(conditions=[V1JobCondition(type="Failed", status="True", reason="BackoffLimitExceeded")]) == (
+        "failed", "BackoffLimitExceeded")
+    assert state(active=1) == ("running", "")
+    assert state() == ("pending", "")
+    assert ray_job_state({"status": {"jobStatus": "SUCCEEDED"}}) == ("succeeded", "")
+    assert ray_job_state({"status": {"jobDeploymentStatus": "Initializing"}}) == ("pending", "Initializing")
+
+
+def test_newest_pod_of_a_retried_job():
+    from kubernetes.client import V1ObjectMeta, V1Pod, V1PodList
+
+    now = datetime.now(timezone.utc)
+    pods = V1PodList(items=[V1Pod(metadata=V1ObjectMeta(name=f"p{i}", creation_timestamp=now + timedelta(seconds=i)))
+                            for i in (2, 0, 1)])
+    assert newest_pod(pods).metadata.name == "p2"
+
+
+class FakeApiServer(BaseHTTPRequestHandler):
+    """Records the requests the kubernetes client makes; namespace 'missing' does not exist."""
+
+    requests: list = []
+
+    def _reply(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        if self.path.startswith("/api/v1/namespaces/missing"):
+            self._reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
+        else:
+            self._reply(200, {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": self.path.rsplit("/", 1)[-1]}})
+
+    def do_PATCH(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeApiServer.requests.append((self.path, self.headers["Content-Type"], body))
+        self._reply(200, body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def api_client():
+    from kubernetes import client
+
+    server = HTTPServer(("127.0.0.1", 0), FakeApiServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
+    FakeApiServer.requests = []
+    yield client.ApiClient(configuration)
+    server.shutdown()
+
+
+def test_launch_server_side_applies_secret_config_volume_and_job(api_client, tmp_path, monkeypatch):
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  path: builtin:tiny\n")
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    spec = build_spec(config, image="img:1", runs_root=tmp_path, run_id="r1", gpus="1", namespace="team-a")
+    launcher = K8sLauncher(tmp_path, "team-a", cluster=Cluster(api_client))
+    assert launcher.launch(spec, detach=True) == 0
+    paths = [path.split("?")[0] for path, _, _ in FakeApiServer.requests]
+    assert paths == [
+        "/api/v1/namespaces/team-a/secrets/verl-deploy-secrets",
+        "/api/v1/namespaces/team-a/configmaps/r1-config",
+        "/api/v1/namespaces/team-a/persistentvolumeclaims/r1-runs",
+        "/apis/batch/v1/namespaces/team-a/jobs/r1",
+    ]
+    for path, content_type, _ in FakeApiServer.requests:
+        assert content_type == "application/apply-patch+yaml"
+        assert "fieldManager=verl-deploy" in path and "force=true" in path.lower()
+    secret_body = FakeApiServer.requests[0][2]
+    assert secret_body["stringData"] == {"HF_TOKEN": SECRET}
+    assert all(SECRET not in json.dumps(body) for _, _, body in FakeApiServer.requests[1:])
+    assert SECRET not in (tmp_path / "r1" / "launch.json").read_text()
+
+
+def test_missing_namespace_is_one_line_and_applies_nothing(api_client, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  path: builtin:tiny\n")
+    spec = build_spec(config, image="img:1", runs_root=tmp_path, run_id="r1", namespace="missing", environ={})
+    with pytest.raises(LaunchError, match="namespace 'missing' does not exist: `kubectl create namespace missing`"):
+        K8sLauncher(tmp_path, "missing", cluster=Cluster(api_client)).launch(spec, detach=True)
+    assert FakeApiServer.requests == []
