@@ -7,6 +7,10 @@ need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 [ -x /usr/bin/docker-registry ] || need+=(docker-registry)
+# kubectl for `kubectl kustomize` (Debian's kubernetes-client: kubectl 1.20, kustomize v2, which k8s/ is written for)
+command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
+# Compose: bookworm's docker.io 20.10 has no compose plugin; Debian's docker-compose (1.29, Python) reads compose.yaml
+command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
