@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def _read_parquet(path: Path) -> list[dict]:
         return pq.read_table(path).to_pylist()
     except (pa.ArrowException, OSError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = re.sub(r"^Could not open Parquet input source '[^']*': ", "", reason)  # it names the file again
         raise DataError(f"cannot read parquet file {path}: {reason}") from None
 
 

@@ -29,7 +29,7 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
         return toy.SCORERS[data_source](solution_str, ground_truth)
     raise RewardFunctionError(
         f"no built-in reward for data_source '{data_source}' (built in: {', '.join(KNOWN_SOURCES)}): "
-        "give a custom reward function as path/to/file.py:function_name"
+        "set reward.function=path/to/file.py:function_name"
     )
 
 

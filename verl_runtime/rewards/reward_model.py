@@ -50,7 +50,8 @@ class RewardModelScorer:
         scores: list[float] = []
         with torch.inference_mode():
             for start in range(0, len(ids), self.micro_batch_size):
-                batch = self.tokenizer.pad({"input_ids": ids[start : start + self.micro_batch_size]}, return_tensors="pt")
+                chunk = ids[start : start + self.micro_batch_size]
+                batch = self.tokenizer.pad({"input_ids": chunk}, return_tensors="pt")
                 logits = self.model(**batch.to(self.device)).logits
                 scores.extend(logits[:, 0].float().tolist())
         return scores
