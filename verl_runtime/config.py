@@ -63,7 +63,7 @@ class ActorConfig:
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     ppo_mini_batch_size: int | None = None  # prompts per optimizer step; None: data.batch_size (one update per step)
-    ppo_micro_batch_size_per_gpu: int = 8  # samples per forward/backward (gradient accumulation)
+    ppo_micro_batch_size_per_gpu: int | None = None  # samples per forward/backward; None: the whole mini-batch
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
@@ -82,7 +82,7 @@ class CriticConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     cliprange_value: float = 0.5
-    ppo_micro_batch_size_per_gpu: int = 8
+    ppo_micro_batch_size_per_gpu: int | None = None
     loss_agg_mode: str = "token-mean"
 
 
@@ -293,19 +293,21 @@ def validate(config: Config) -> None:
         "rollout.log_prob_micro_batch_size_per_gpu": config.rollout.log_prob_micro_batch_size_per_gpu,
         "trainer.num_epochs": config.trainer.num_epochs,
         "trainer.keep_last": config.trainer.keep_last,
+        "trainer.total_training_steps": config.trainer.total_training_steps,
     }
     for key, value in positive.items():
-        if value < 1:
+        if value is not None and value < 1:  # None: unset (see the field's comment)
             raise ConfigError(f"{key} must be at least 1, got {value}")
-    if config.trainer.total_training_steps is not None and config.trainer.total_training_steps < 1:
-        raise ConfigError(f"trainer.total_training_steps must be at least 1, got {config.trainer.total_training_steps}")
 
     batch, mini, n = config.data.batch_size, mini_batch_size(config), config.rollout.n
     if batch % mini:
         raise ConfigError(f"data.batch_size ({batch}) must be a multiple of actor.ppo_mini_batch_size ({mini})")
-    for key in ("actor.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu"):
-        micro = config.actor.ppo_micro_batch_size_per_gpu if key.startswith("actor") else config.critic.ppo_micro_batch_size_per_gpu
-        if (mini * n) % micro:
+    micro_sizes = {
+        "actor.ppo_micro_batch_size_per_gpu": config.actor.ppo_micro_batch_size_per_gpu,
+        "critic.ppo_micro_batch_size_per_gpu": config.critic.ppo_micro_batch_size_per_gpu,
+    }
+    for key, micro in micro_sizes.items():
+        if micro and (mini * n) % micro:
             raise ConfigError(
                 f"actor.ppo_mini_batch_size * rollout.n ({mini} * {n} = {mini * n} samples) must be a multiple of "
                 f"{key} ({micro})"

@@ -1,0 +1,111 @@
+"""``python -m verl_runtime``: the container entrypoint.
+
+    python -m verl_runtime train CONFIG.yaml [--set key=value ...] [--debug]
+    python -m verl_runtime prepare gsm8k --input FILE --output DIR
+
+A problem the user can fix prints ``error: <one line>`` and exits 2 (``--debug`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+from verl_runtime.errors import UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "train":
+            return train(args.config, args.overrides)
+        return prepare(args.dataset, args.input, args.output)
+    except UserError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def train(config_path: str, overrides: list[str]) -> int:
+    """Load and validate the config, then run fit() with the console mirrored to <run_dir>/train.log."""
+    from verl_runtime.config import load_config
+
+    config = load_config(config_path, overrides)
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = config.run_dir / "train.log"
+    try:
+        with _tee_console(log_path):
+            from verl_runtime.trainer import SingleControllerTrainer
+
+            SingleControllerTrainer(config).fit()
+    except UserError as exc:
+        with open(log_path, "a", encoding="utf-8") as log:  # main() prints it to the console
+            log.write(f"error: {exc}\n")
+        raise
+    return 0
+
+
+def prepare(dataset: str, input_path: str, output_dir: str) -> int:
+    from verl_runtime.prepare import prepare_gsm8k
+
+    for split, path in prepare_gsm8k(input_path, output_dir).items():
+        print(f"{split}: {path}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m verl_runtime", description="verl_runtime: single-controller RL trainer")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train_cmd = commands.add_parser("train", help="train with a YAML config (the container entrypoint)")
+    train_cmd.add_argument("config", help="YAML config file, e.g. examples/quickstart.yaml")
+    train_cmd.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config value, e.g. --set data.batch_size=16 (repeatable)",
+    )
+    train_cmd.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    prepare_cmd = commands.add_parser("prepare", help="turn a raw data set into verl's parquet layout")
+    prepare_cmd.add_argument("dataset", choices=["gsm8k"])
+    prepare_cmd.add_argument("--input", required=True, help="GSM8K rows {question, answer}: .jsonl/.parquet or a directory")
+    prepare_cmd.add_argument("--output", required=True, help="directory for train.parquet / test.parquet")
+    prepare_cmd.add_argument("--debug", action="store_true", help="show tracebacks")
+    return parser
+
+
+class _Tee:
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+    def isatty(self) -> bool:
+        return self.streams[0].isatty()
+
+
+@contextlib.contextmanager
+def _tee_console(log_path: Path):
+    """Everything printed to stdout/stderr also goes to log_path (appended, so a resumed run keeps its history)."""
+    with open(log_path, "a", encoding="utf-8") as log:
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Tee(saved[0], log), _Tee(saved[1], log)
+        try:
+            yield
+        finally:
+            sys.stdout, sys.stderr = saved
+
+
+if __name__ == "__main__":
+    sys.exit(main())

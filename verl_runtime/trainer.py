@@ -1,0 +1,375 @@
+"""SingleControllerTrainer: one controller process drives the actor, critic, reference and reward roles.
+
+``fit()`` is the whole RL loop and reads top to bottom: sample, score, (reference log-probs, values, old
+log-probs), advantages, update critic and actor, log, validate, checkpoint. ``step(samples)`` is one policy
+update on samples the caller already has (the tutorial's API).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import threading
+import time
+
+import torch
+
+from verl_runtime.algorithms import apply_kl_penalty, compute_advantage, get_kl_controller, sequence_scores_to_token_level
+from verl_runtime.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from verl_runtime.config import Config, mini_batch_size, to_yaml, validate
+from verl_runtime.controller import WorkerGroup
+from verl_runtime.data import Prompt, batch_indices, encode_prompts, load_rows, make_toy_rows, prompt_token_ids
+from verl_runtime.errors import TrainingError
+from verl_runtime.metrics import MetricsWriter, format_console_line
+from verl_runtime.models import load_tokenizer, position_ids_from_mask
+from verl_runtime.rollout import SamplingParams
+from verl_runtime.rollout.base import left_pad
+from verl_runtime.workers import ActorWorker, CriticWorker, ReferenceWorker, RewardWorker
+
+
+class SingleControllerTrainer:
+    def __init__(self, config: Config):
+        print("[INFO] Initializing SingleControllerTrainer...", flush=True)
+        validate(config)
+        self.config = config
+        self.device = pick_device(config.trainer.device)
+        seed_everything(config.trainer.seed)
+        print(f"[INFO] Loading pretrained model from {config.model.path}", flush=True)
+        self.tokenizer = load_tokenizer(config.model.path)
+        self.actor = WorkerGroup([ActorWorker(config, self.tokenizer, self.device)])
+        self.critic = WorkerGroup([CriticWorker(config, self.device)]) if config.algorithm.adv_estimator == "gae" else None
+        self.ref = WorkerGroup([ReferenceWorker(config, self.device)]) if needs_reference(config) else None
+        self.reward = WorkerGroup([RewardWorker(config, self.tokenizer, self.device)])
+        self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
+        self.global_step = 0
+
+    # --- the tutorial's API: one update on given samples ------------------------------------------------------
+
+    def step(self, samples: list[dict]) -> dict[str, float]:
+        """One policy update on ``{"prompt", "response", "reward"}`` samples; returns ``loss`` and metrics.
+
+        Samples with the same prompt form a group (GRPO, RLOO). ``loss`` is what was minimised: the actor's
+        loss plus, with a critic, the value loss.
+        """
+        if not samples:
+            raise TrainingError("step() needs at least one {'prompt', 'response', 'reward'} sample")
+        batch = self._encode_samples(samples)
+        scores = torch.tensor([float(sample["reward"]) for sample in samples])
+        with out_of_memory_hint(self.config):
+            metrics = self._update(batch, scores, timing={}, mini_batch_size=len(samples))
+        self.global_step += 1
+        metrics["loss"] = metrics["actor/loss"] + metrics.get("critic/vf_loss", 0.0)
+        return metrics
+
+    # --- the whole loop ---------------------------------------------------------------------------------------
+
+    def fit(self) -> None:
+        """Train for trainer.num_epochs over data.train_files (or trainer.total_training_steps steps)."""
+        cfg = self.config
+        run_dir = cfg.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        train = self.load_prompts(cfg.data.train_files, "train")
+        val = self.load_prompts(cfg.data.val_files, "val") if cfg.data.val_files else []
+        steps_per_epoch = len(batch_indices(len(train), cfg.data.batch_size, cfg.trainer.seed, 0, cfg.data.shuffle))
+        total = steps_per_epoch * cfg.trainer.num_epochs
+        total = min(total, cfg.trainer.total_training_steps or total)
+        sampling = SamplingParams(
+            n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
+            max_new_tokens=cfg.data.max_response_length, do_sample=cfg.rollout.do_sample,
+        )
+        mini = mini_batch_size(cfg) * cfg.rollout.n  # samples per optimizer step
+        start = self.resume(run_dir) if cfg.trainer.resume == "auto" else 0
+        print(f"[INFO] {len(train)} training prompts, {steps_per_epoch} steps per epoch; steps {start + 1}..{total}"
+              f" -> {run_dir}", flush=True)
+        writer = MetricsWriter(run_dir, tensorboard=cfg.trainer.tensorboard)
+        try:
+            with stop_requests() as stop, out_of_memory_hint(cfg):
+                if val and cfg.trainer.val_before_train and start == 0:
+                    writer.log(0, self.validate(val))
+                for step in range(start + 1, total + 1):
+                    timing: dict[str, float] = {}
+                    started = time.perf_counter()
+                    epoch, position = divmod(step - 1, steps_per_epoch)
+                    rows = batch_indices(len(train), cfg.data.batch_size, cfg.trainer.seed, epoch, cfg.data.shuffle)
+                    prompts = [train[i] for i in rows[position]]
+
+                    with timer("gen", timing):
+                        batch = self.actor.generate([p.input_ids for p in prompts], sampling)
+                    batch.update(prompt_fields(prompts, cfg.rollout.n))
+                    with timer("reward", timing):
+                        scores = self.reward.score(batch)
+                    try:
+                        metrics = self._update(batch, scores, timing, mini)
+                    except TrainingError as exc:
+                        kept = latest_checkpoint(run_dir)
+                        raise TrainingError(
+                            f"step {step}: {exc}; training stopped, "
+                            + (f"the last checkpoint {kept} is kept" if kept else "no checkpoint was written yet")
+                        ) from None
+
+                    if val and cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or step == total):
+                        with timer("testing", timing):
+                            metrics.update(self.validate(val))
+                    timing["step"] = time.perf_counter() - started
+                    metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
+                    tokens = int(batch["attention_mask"].sum())
+                    metrics.update({
+                        "training/global_step": step,
+                        "training/epoch": epoch,
+                        "perf/total_num_tokens": tokens,
+                        "perf/time_per_step": timing["step"],
+                        "perf/throughput": tokens / timing["step"],
+                    })
+                    writer.log(step, metrics)
+                    print(format_console_line(step, total, metrics), flush=True)
+                    self.global_step = step
+
+                    if step == total or stop.signum or (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0):
+                        self.save(run_dir, step)
+                    if stop.signum:
+                        name = signal.Signals(stop.signum).name
+                        print(f"[INFO] {name}: stopped after step {step}; the checkpoint is saved, "
+                              "run again with trainer.resume=auto to continue", flush=True)
+                        raise KeyboardInterrupt if stop.signum == signal.SIGINT else SystemExit(128 + stop.signum)
+        finally:
+            writer.close()
+        print(f"[INFO] Training finished at step {total}; run directory {run_dir}", flush=True)
+
+    def _update(self, batch: dict, scores: torch.Tensor, timing: dict, mini_batch_size: int) -> dict[str, float]:
+        """From scored samples to one policy update (several, with PPO epochs or mini-batches)."""
+        cfg = self.config
+        if not torch.isfinite(scores).all():
+            bad = int((~torch.isfinite(scores)).sum())
+            raise TrainingError(f"the reward is not finite for {bad} of {len(scores)} samples: check the reward function")
+        mask = batch["response_mask"]
+        token_level_scores = sequence_scores_to_token_level(scores.to(mask.device, torch.float32), mask)
+        if self.ref is not None:
+            with timer("ref", timing):
+                batch["ref_log_prob"] = self.ref.compute_ref_log_prob(batch)
+        if self.critic is not None:
+            with timer("values", timing):
+                batch["values"] = self.critic.compute_values(batch)
+        # verl's on-policy shortcut: with one epoch over one mini-batch the "old" policy is the current one, so the
+        # actor takes its old log-probs from its own forward pass instead of a separate one here.
+        on_policy = cfg.actor.ppo_epochs == 1 and mini_batch_size >= len(mask) and not cfg.algorithm.use_kl_in_reward
+        if not on_policy:
+            with timer("old_log_prob", timing):
+                batch["old_log_prob"] = self.actor.compute_log_prob(batch)
+
+        metrics: dict[str, float] = {}
+        token_level_rewards = token_level_scores
+        if cfg.algorithm.use_kl_in_reward:
+            token_level_rewards, current_kl = apply_kl_penalty(
+                token_level_scores, batch["old_log_prob"], batch["ref_log_prob"], mask,
+                self.kl_ctrl.value, cfg.algorithm.kl_penalty,
+            )
+            metrics["actor/reward_kl_penalty"] = current_kl
+            metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
+            self.kl_ctrl.update(current_kl, n_steps=cfg.data.batch_size)
+        with timer("adv", timing):
+            batch["advantages"], batch["returns"] = compute_advantage(
+                cfg.algorithm.adv_estimator, token_level_rewards, mask, index=batch["uid"], values=batch.get("values"),
+                gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam, norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+            )
+        if self.critic is not None:
+            with timer("update_critic", timing):
+                metrics.update(self.critic.update(batch, mini_batch_size))
+        with timer("update_actor", timing):
+            metrics.update(self.actor.update(batch, mini_batch_size))
+        metrics.update(data_metrics(batch, token_level_scores, token_level_rewards, cfg.data.max_prompt_length))
+        return metrics
+
+    # --- validation, data, checkpoints -------------------------------------------------------------------------
+
+    def validate(self, prompts: list[Prompt]) -> dict[str, float]:
+        """Greedy responses to the validation prompts; mean reward per data source."""
+        greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=self.config.data.max_response_length)
+        by_source: dict[str, list[float]] = {}
+        size = self.config.data.val_batch_size
+        for start in range(0, len(prompts), size):
+            chunk = prompts[start : start + size]
+            batch = self.actor.generate([p.input_ids for p in chunk], greedy)
+            batch.update(prompt_fields(chunk, 1))
+            for source, score in zip(batch["data_source"], self.reward.score(batch).tolist()):
+                by_source.setdefault(source, []).append(score)
+        return {f"val-core/{source}/reward/mean": sum(s) / len(s) for source, s in by_source.items()}
+
+    def load_prompts(self, files: list[str], split: str) -> list[Prompt]:
+        """Tokenized prompts of data files, or of a generated toy task ("toy:<task>")."""
+        cfg = self.config.data
+        rows = []
+        for name in files:
+            if name.startswith("toy:"):
+                size = cfg.toy_size if split == "train" else max(cfg.toy_size // 4, 1)
+                rows += make_toy_rows(name.removeprefix("toy:"), size, self.config.trainer.seed + (split != "train"))
+            else:
+                rows += load_rows(name)
+        return encode_prompts(rows, self.tokenizer, cfg.max_prompt_length, cfg.truncation, cfg.apply_chat_template)
+
+    def save(self, run_dir, step: int) -> None:
+        state = {
+            "step": step,
+            "actor": self.actor.state_dict(),
+            "critic": self.critic.state_dict() if self.critic is not None else None,
+            "kl_coef": self.kl_ctrl.value,
+            "rng": rng_state(),
+        }
+        path = save_checkpoint(run_dir, step, state, keep_last=self.config.trainer.keep_last)
+        print(f"[INFO] Saved checkpoint {path}", flush=True)
+
+    def resume(self, run_dir) -> int:
+        """Restore the latest checkpoint of run_dir, if any; the step to continue after (0: from the start)."""
+        path = latest_checkpoint(run_dir)
+        if path is None:
+            return 0
+        state = load_checkpoint(path)
+        self.actor.load_state_dict(state["actor"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+        self.kl_ctrl.value = state["kl_coef"]
+        set_rng_state(state["rng"])
+        self.global_step = state["step"]
+        print(f"[INFO] Resumed from {path} (step {state['step']})", flush=True)
+        return state["step"]
+
+    def _encode_samples(self, samples: list[dict]) -> dict:
+        """Tensors for given samples: prompt (chat template when configured) + response + EOS, grouped by prompt."""
+        tok = self.tokenizer
+        prompts, responses, uids = [], [], {}
+        for sample in samples:
+            prompt = sample["prompt"]
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            prompts.append(prompt_token_ids(messages, tok, self.config.data.apply_chat_template))
+            eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+            responses.append(tok.encode(sample["response"], add_special_tokens=False) + eos)
+            uids.setdefault(str(prompt), len(uids))
+        prompt_ids, prompt_mask = left_pad(prompts, tok.pad_token_id)
+        width = max(len(r) for r in responses)
+        response_ids = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in responses])
+        response_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in responses])
+        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+        batch = {
+            "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids_from_mask(attention_mask),
+            "responses": response_ids,
+            "response_mask": response_mask,
+        }
+        batch = {key: value.to(self.device) for key, value in batch.items()}
+        batch["uid"] = [uids[str(sample["prompt"])] for sample in samples]
+        return batch
+
+
+# --- helpers ---------------------------------------------------------------------------------------------------
+
+
+def needs_reference(config: Config) -> bool:
+    """A reference policy is loaded only when a KL term uses it."""
+    return config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainingError("trainer.device=cuda but no CUDA GPU is visible: set trainer.device=cpu (or auto)")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def prompt_fields(prompts: list[Prompt], n: int) -> dict[str, list]:
+    """Per-sample fields of prompts repeated n times (samples of one prompt adjacent, as the rollout returns them)."""
+    repeated = [(i, p) for i, p in enumerate(prompts) for _ in range(n)]
+    return {
+        "uid": [i for i, _ in repeated],
+        "data_source": [p.data_source for _, p in repeated],
+        "ground_truth": [p.ground_truth for _, p in repeated],
+        "extra_info": [p.extra_info for _, p in repeated],
+        "raw_prompt": [p.raw_prompt for _, p in repeated],
+    }
+
+
+def data_metrics(batch: dict, scores: torch.Tensor, rewards: torch.Tensor, max_prompt_length: int) -> dict[str, float]:
+    """verl's compute_data_metrics: scores, rewards, advantages, returns, values, lengths."""
+    mask = batch["response_mask"].bool()
+    max_response_length = mask.shape[1]
+    response_length = mask.sum(-1).float()
+    prompt_length = batch["attention_mask"][:, :-max_response_length].sum(-1).float()
+    metrics = {}
+
+    def describe(name: str, values: torch.Tensor) -> None:
+        values = values.float()
+        metrics.update({f"{name}/mean": values.mean().item(), f"{name}/max": values.max().item(), f"{name}/min": values.min().item()})
+
+    describe("critic/score", scores.sum(-1))
+    describe("critic/rewards", rewards.sum(-1))
+    describe("critic/advantages", batch["advantages"][mask])
+    describe("critic/returns", batch["returns"][mask])
+    if "values" in batch:
+        values, returns = batch["values"][mask], batch["returns"][mask]
+        describe("critic/values", values)
+        metrics["critic/vf_explained_var"] = (1 - (returns - values).var() / (returns.var() + 1e-5)).item()
+    describe("response_length", response_length)
+    metrics["response_length/clip_ratio"] = (response_length == max_response_length).float().mean().item()
+    describe("prompt_length", prompt_length)
+    metrics["prompt_length/clip_ratio"] = (prompt_length == max_prompt_length).float().mean().item()
+    return metrics
+
+
+@contextlib.contextmanager
+def timer(name: str, timing: dict):
+    started = time.perf_counter()
+    yield
+    timing[name] = time.perf_counter() - started
+
+
+class _StopRequest:
+    signum: int | None = None
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """Turn the first SIGTERM/SIGINT into a request to stop after the current step (a second one acts at once)."""
+    request = _StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def handle(signum, frame):
+        request.signum = signum
+        signal.signal(signum, previous[signum])
+        print(f"\n[INFO] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield request
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def out_of_memory_hint(config: Config):
+    """Turn CUDA out-of-memory into one line that names the knobs that lower memory use."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        micro = config.actor.ppo_micro_batch_size_per_gpu
+        raise TrainingError(
+            f"out of GPU memory: lower actor.ppo_micro_batch_size_per_gpu (now {micro or 'the whole mini-batch'}), "
+            f"rollout.log_prob_micro_batch_size_per_gpu (now {config.rollout.log_prob_micro_batch_size_per_gpu}), "
+            f"data.max_prompt_length/data.max_response_length (now {config.data.max_prompt_length}/"
+            f"{config.data.max_response_length}), or set model.gradient_checkpointing=true"
+        ) from None
+
+
+__all__ = ["SingleControllerTrainer"]

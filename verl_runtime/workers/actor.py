@@ -1,0 +1,147 @@
+"""The actor: the policy model, its optimizer, the rollout engine that samples from it, and the PPO update."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+from verl_runtime.algorithms import agg_loss, compute_policy_loss, kl_penalty, make_global_batch_info
+from verl_runtime.config import Config
+from verl_runtime.controller import DP_SPLIT, RANK_ZERO, chunks, register
+from verl_runtime.errors import TrainingError
+from verl_runtime.models import load_causal_lm, response_log_probs
+from verl_runtime.rollout import SamplingParams, make_rollout_engine
+
+ROLLOUT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
+
+class ActorWorker:
+    def __init__(self, config: Config, tokenizer, device: torch.device):
+        self.config = config
+        self.model = load_causal_lm(
+            config.model.path, config.model.dtype, device, gradient_checkpointing=config.model.gradient_checkpointing
+        )
+        disable_dropout(self.model)
+        self.model.eval()  # train() only inside update(), which gradient checkpointing needs
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.actor.lr, weight_decay=config.actor.weight_decay
+        )
+        self.rollout = make_rollout_engine(config.rollout.name, self.model, tokenizer, device)
+
+    @register(RANK_ZERO)
+    def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
+        """Sample responses: each prompt params.n times, samples of one prompt adjacent."""
+        rollout = self.rollout.generate(prompt_ids, params)
+        return {key: getattr(rollout, key) for key in ROLLOUT_KEYS}
+
+    @register(DP_SPLIT)
+    def compute_log_prob(self, batch: dict) -> torch.Tensor:
+        """Log-probs [B, R] of the responses under the current policy (PPO's "old" log-probs)."""
+        size = self.config.rollout.log_prob_micro_batch_size_per_gpu
+        return log_probs(self.model, batch, size, self.config.rollout.temperature)
+
+    @register(DP_SPLIT)
+    def update(self, batch: dict, mini_batch_size: int) -> dict[str, float]:
+        """PPO epochs over mini-batches; micro-batches accumulate gradients of one mini-batch-wide loss.
+
+        Without ``old_log_prob`` in the batch the update is on-policy (one epoch, one mini-batch): the old
+        log-probs are the current ones, detached, so no separate forward pass is needed.
+        """
+        cfg = self.config.actor
+        on_policy = "old_log_prob" not in batch
+        response_length = batch["responses"].shape[1]
+        stats = defaultdict(list)
+        self.model.train()
+        for _ in range(cfg.ppo_epochs):
+            for mini in chunks(batch, mini_batch_size):
+                # The loss is normalised by the whole mini-batch's tokens/sequences, so the micro-batch
+                # losses add up to it and accumulation gives exactly the mini-batch gradient.
+                info = make_global_batch_info(mini["response_mask"])
+                totals = defaultdict(float)
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro in chunks(mini, cfg.ppo_micro_batch_size_per_gpu or mini_batch_size):
+                    mask = micro["response_mask"]
+                    log_prob, entropy = response_log_probs(
+                        self.model, micro["input_ids"], micro["attention_mask"], micro["position_ids"],
+                        response_length, temperature=self.config.rollout.temperature, with_entropy=True,
+                    )
+                    old_log_prob = log_prob.detach() if on_policy else micro["old_log_prob"]
+                    pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
+                        old_log_prob, log_prob, micro["advantages"], mask,
+                        cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low,
+                        cliprange_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+                        loss_agg_mode=cfg.loss_agg_mode, global_batch_info=info,
+                    )
+                    entropy_loss = agg_loss(
+                        entropy if cfg.entropy_coeff else entropy.detach(), mask, cfg.loss_agg_mode, **info
+                    )
+                    loss = pg_loss - cfg.entropy_coeff * entropy_loss
+                    if cfg.use_kl_loss:
+                        kl = kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
+                        kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode, **info)
+                        loss = loss + cfg.kl_loss_coef * kl_loss
+                        totals["actor/kl_loss"] += kl_loss.detach()
+                    loss.backward()
+                    share = mask.sum() / info["batch_num_tokens"]  # weights the per-token fractions
+                    totals["actor/loss"] += loss.detach()
+                    totals["actor/pg_loss"] += pg_loss.detach()
+                    totals["actor/entropy"] += entropy_loss.detach()
+                    totals["actor/pg_clipfrac"] += clipfrac.detach() * share
+                    totals["actor/ppo_kl"] += ppo_kl.detach() * share
+                    totals["actor/pg_clipfrac_lower"] += clipfrac_lower.detach() * share
+                grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                values = {key: float(value) for key, value in totals.items()}
+                if not (math.isfinite(values["actor/loss"]) and math.isfinite(float(grad_norm))):
+                    raise TrainingError(f"the actor loss is {values['actor/loss']} (gradient norm {float(grad_norm)})")
+                self.optimizer.step()
+                for key, value in values.items():
+                    stats[key].append(value)
+                stats["actor/grad_norm"].append(float(grad_norm))
+        self.model.eval()
+        metrics = {key: sum(v) / len(v) for key, v in stats.items()}
+        metrics["actor/lr"] = cfg.lr
+        if cfg.use_kl_loss:
+            metrics["actor/kl_coef"] = cfg.kl_loss_coef
+        return metrics
+
+    @register(RANK_ZERO)
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    @register(RANK_ZERO)
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rollout.sync_weights(self.model)
+
+
+def log_probs(model: nn.Module, batch: dict, micro_batch_size: int, temperature: float) -> torch.Tensor:
+    """Response log-probs [B, R] in micro-batches, without autograd."""
+    response_length = batch["responses"].shape[1]
+    with torch.inference_mode():
+        parts = [
+            response_log_probs(
+                model, micro["input_ids"], micro["attention_mask"], micro["position_ids"], response_length,
+                temperature=temperature,
+            )[0]
+            for micro in chunks(batch, micro_batch_size)
+        ]
+        result = torch.cat(parts)
+    return result.clone()  # an ordinary tensor, usable in the loss
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """No dropout anywhere: the policy that sampled and the policy being trained must be the same function.
+
+    Besides nn.Dropout modules, attention and residual dropout are often plain float attributes
+    (e.g. OPT's ``self.dropout``, Qwen2's ``self.attention_dropout``) applied functionally.
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)

@@ -1,0 +1,24 @@
+"""The reference policy: a frozen copy of the initial model, for the KL term (loss or reward)."""
+
+from __future__ import annotations
+
+import torch
+
+from verl_runtime.config import Config
+from verl_runtime.controller import DP_SPLIT, register
+from verl_runtime.models import load_causal_lm
+from verl_runtime.workers.actor import disable_dropout, log_probs
+
+
+class ReferenceWorker:
+    def __init__(self, config: Config, device: torch.device):
+        self.config = config
+        self.model = load_causal_lm(config.model.path, config.model.dtype, device)
+        disable_dropout(self.model)
+        self.model.eval().requires_grad_(False)
+
+    @register(DP_SPLIT)
+    def compute_ref_log_prob(self, batch: dict) -> torch.Tensor:
+        """Log-probs [B, R] of the responses under the reference policy."""
+        size = self.config.ref.log_prob_micro_batch_size_per_gpu
+        return log_probs(self.model, batch, size, self.config.rollout.temperature)
