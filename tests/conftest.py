@@ -34,3 +34,95 @@ def docker_client():
     except Exception as exc:  # any failure means: no usable engine
         require(False, f"no Docker engine reachable: {exc}")
     return client
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A fresh builtin:tiny model directory (Qwen2, random seeded weights, offline tokenizer)."""
+    from verl_runtime.models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_opt_dir(tmp_path_factory, tiny_model_dir):
+    """A tiny random OPT model (the tutorial's architecture) with the built-in tokenizer, built offline."""
+    import torch
+    from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = OPTConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        word_embed_proj_dim=16,  # != hidden_size: exercises OPT's project_in/project_out
+        num_hidden_layers=2,
+        ffn_dim=64,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    out = tmp_path_factory.mktemp("tiny-opt")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        OPTForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+# --- images: a base image made here (no registry is reachable) and the cpu variant built on it ------------------
+
+BASE_IMAGE = "verl-deploy-test/bookworm-python:3.11"
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client) -> str:
+    """A minimal Debian bookworm with Python 3.11 (the cp311 of the torch wheel), made once per machine:
+    debootstrap, then `docker import`. Later sessions find it by its tag."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    if docker_client.images.list(name=BASE_IMAGE):
+        return BASE_IMAGE
+    require(shutil.which("debootstrap") is not None, "debootstrap is missing (.ci/services.sh installs it)")
+    with tempfile.TemporaryDirectory() as root:
+        packages = "--include=python3,python3-venv,ca-certificates"
+        subprocess.run(["debootstrap", "--variant=minbase", packages, "bookworm", root], check=True, capture_output=True)
+        subprocess.run(f"rm -rf {root}/var/cache/apt/archives/*.deb {root}/var/lib/apt/lists/*", shell=True, check=True)
+        subprocess.run(f"tar -C {root} -c . | docker import - {BASE_IMAGE}", shell=True, check=True, capture_output=True)
+    return BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def torch_wheelhouse() -> Path:
+    """A folder holding the torch wheel the cpu variant pins (kept in .cache/ between sessions)."""
+    import subprocess
+    import sys
+
+    from verl_deploy import compat
+
+    cpu = compat.load_catalog()["cpu"]
+    wheelhouse = REPO / ".cache" / "wheelhouse"
+    if not list(wheelhouse.glob(f"torch-{cpu.torch}+cpu-*.whl")):
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", f"torch=={cpu.torch}", "--no-deps", "-d", str(wheelhouse),
+             "--extra-index-url", cpu.torch_index_url],
+            check=True, capture_output=True,
+        )
+    return wheelhouse
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_client, base_image, torch_wheelhouse) -> str:
+    """The tag of the cpu variant (verl-deploy:<version>-cpu) built on base_image through verl_deploy.images.
+    Docker's layer cache turns a build of an unchanged source into seconds; a source change rebuilds only
+    the last layers."""
+    from rich.console import Console
+
+    from verl_deploy.images import plan_build
+    from verl_deploy.images.build import build
+
+    opts, _ = plan_build("cpu", base_image=base_image, wheelhouse=torch_wheelhouse)
+    return build(opts, Console(stderr=True)).tag

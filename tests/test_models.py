@@ -4,7 +4,7 @@ import threading
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, OPTConfig, OPTForCausalLM
+from transformers import AutoModelForCausalLM
 
 from verl_runtime.errors import ModelError
 from verl_runtime.models import (
@@ -19,34 +19,6 @@ from verl_runtime.models import (
     response_log_probs,
     response_values,
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def opt_dir(tmp_path_factory, tiny_dir):
-    """A tiny random OPT model (the tutorial's architecture) sharing the built-in tokenizer."""
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
-    config = OPTConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        word_embed_proj_dim=16,  # != hidden_size: exercises OPT's project_in/project_out
-        num_hidden_layers=2,
-        ffn_dim=64,
-        num_attention_heads=4,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("opt")
-    OPTForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def test_builtin_tiny_is_built_once_into_the_cache(tmp_path, monkeypatch):
@@ -98,13 +70,13 @@ def test_tiny_weights_are_seeded(tmp_path):
         "<|im_start|>user\nhi<|im_end|>\n",
     ],
 )
-def test_tiny_tokenizer_round_trips_text(tiny_dir, text):
-    tokenizer = load_tokenizer(tiny_dir)
+def test_tiny_tokenizer_round_trips_text(tiny_model_dir, text):
+    tokenizer = load_tokenizer(tiny_model_dir)
     assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
-def test_tiny_tokenizer_specials_and_chat_template(tiny_dir):
-    tokenizer = load_tokenizer(tiny_dir)
+def test_tiny_tokenizer_specials_and_chat_template(tiny_model_dir):
+    tokenizer = load_tokenizer(tiny_model_dir)
     assert tokenizer.padding_side == "left"
     assert tokenizer.pad_token == "<|endoftext|>" and tokenizer.eos_token == "<|im_end|>"
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
@@ -128,17 +100,17 @@ def test_missing_or_invalid_model_directory_is_a_clear_error(tmp_path):
         resolve_model_path("builtin:huge")
 
 
-def test_dtype_defaults_and_loading_on_cpu(opt_dir):
+def test_dtype_defaults_and_loading_on_cpu(tiny_opt_dir):
     assert default_dtype("cuda") == torch.bfloat16
     assert default_dtype("cpu") == torch.float32
-    model = load_causal_lm(opt_dir, None, "cpu")
+    model = load_causal_lm(tiny_opt_dir, None, "cpu")
     assert type(model).__name__ == "OPTForCausalLM"
     assert next(model.parameters()).dtype == torch.float32
-    assert load_causal_lm(opt_dir, "bf16", "cpu").dtype == torch.bfloat16
+    assert load_causal_lm(tiny_opt_dir, "bf16", "cpu").dtype == torch.bfloat16
 
 
-def test_gradient_checkpointing_trains(tiny_dir):
-    model = load_causal_lm(tiny_dir, None, "cpu", gradient_checkpointing=True)
+def test_gradient_checkpointing_trains(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, None, "cpu", gradient_checkpointing=True)
     model.train()
     assert model.is_gradient_checkpointing
     ids = torch.tensor([[5, 6, 7, 8, 9]])
@@ -160,7 +132,7 @@ def _left_padded_batch(prompts, responses, pad_id):
     return ids, mask
 
 
-@pytest.mark.parametrize("model_dir", ["tiny_dir", "opt_dir"])
+@pytest.mark.parametrize("model_dir", ["tiny_model_dir", "tiny_opt_dir"])
 def test_left_padded_log_probs_equal_unpadded_forward(model_dir, request):
     path = request.getfixturevalue(model_dir)
     model, tokenizer = load_causal_lm(path, None, "cpu"), load_tokenizer(path)
@@ -178,8 +150,8 @@ def test_left_padded_log_probs_equal_unpadded_forward(model_dir, request):
             torch.testing.assert_close(batched[row], alone[0], atol=1e-5, rtol=0)
 
 
-def test_temperature_scales_logits_like_the_sampler(tiny_dir):
-    model = load_causal_lm(tiny_dir, None, "cpu")
+def test_temperature_scales_logits_like_the_sampler(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, None, "cpu")
     ids = torch.tensor([[10, 20, 30, 40, 50, 60, 70]])
     mask = torch.ones_like(ids)
     positions = position_ids_from_mask(mask)
@@ -195,7 +167,7 @@ def test_temperature_scales_logits_like_the_sampler(tiny_dir):
     torch.testing.assert_close(entropy, expected_entropy, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("model_dir", ["tiny_dir", "opt_dir"])
+@pytest.mark.parametrize("model_dir", ["tiny_model_dir", "tiny_opt_dir"])
 def test_value_model_scores_every_position(model_dir, request):
     critic = load_value_model(request.getfixturevalue(model_dir), None, "cpu")
     ids = torch.tensor([[0, 0, 11, 12, 13, 14], [21, 22, 23, 24, 25, 26]])

@@ -4,16 +4,15 @@ import pytest
 import torch
 
 from verl_runtime.errors import ConfigError
-from verl_runtime.models import build_tiny_model, load_causal_lm, load_tokenizer, response_log_probs
+from verl_runtime.models import load_causal_lm, load_tokenizer, response_log_probs
 from verl_runtime.rollout import SamplingParams, make_rollout_engine
 from verl_runtime.rollout.base import mask_after_first_eos
 from verl_runtime.rollout.hf import hf_generation_config
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = build_tiny_model(tmp_path_factory.mktemp("tiny"))
-    return load_causal_lm(path, None, "cpu"), load_tokenizer(path)
+def tiny(tiny_model_dir):
+    return load_causal_lm(tiny_model_dir, None, "cpu"), load_tokenizer(tiny_model_dir)
 
 
 @pytest.fixture
@@ -122,14 +121,23 @@ def test_greedy_is_deterministic_and_seeds_reproduce(engine, tiny):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_recomputed_log_probs_match_the_sampling_distribution(engine, tiny, temperature):
+def test_recomputed_log_probs_match_the_sampling_distribution(tiny, temperature):
     """The log-prob the trainer recomputes is log_softmax(logits / T) of the token the sampler drew."""
-    model, tokenizer = tiny
-    prompts = _prompts(tokenizer)
-    params = SamplingParams(n=2, max_new_tokens=8, temperature=temperature, top_k=-1, seed=3)
-    batch = engine.generate(prompts, params)
+    _assert_log_probs_match_sampler(*tiny, temperature)
 
-    # Replay the same sampling step by step with transformers, keeping the processed scores it sampled from.
+
+def test_other_architectures_sample_and_recompute_consistently(tiny_opt_dir):
+    """OPT (learned absolute positions) catches any position-id mismatch between generate and recompute."""
+    model, tokenizer = load_causal_lm(tiny_opt_dir, None, "cpu"), load_tokenizer(tiny_opt_dir)
+    _assert_log_probs_match_sampler(model, tokenizer, temperature=0.8)
+
+
+def _assert_log_probs_match_sampler(model, tokenizer, temperature):
+    engine = make_rollout_engine("hf", model, tokenizer, "cpu")
+    params = SamplingParams(n=2, max_new_tokens=8, temperature=temperature, top_k=-1, seed=3)
+    batch = engine.generate(_prompts(tokenizer), params)
+
+    # Replay the same sampling with transformers, keeping the processed scores it sampled from.
     config = hf_generation_config(params, engine.eos_ids, engine.pad_id)
     config.output_scores, config.return_dict_in_generate = True, True
     prompt_ids = batch.input_ids[:, : batch.prompt_length]

@@ -236,7 +236,7 @@ class ValueModel(nn.Module):
         hidden = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
-        return self.value_head(hidden).squeeze(-1)
+        return self.value_head(hidden).squeeze(-1).float()  # value losses in fp32 even for a bf16 backbone
 
 
 def load_value_model(path, dtype, device, gradient_checkpointing: bool = False) -> ValueModel:
