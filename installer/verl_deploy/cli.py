@@ -237,5 +237,89 @@ def runs_(
         typer.echo("no runs")
 
 
+# --- images: build, pull, list the variants of docker/variants.yaml ---------------------------------------------
+
+images_app = typer.Typer(
+    help="Build, pull and list the runtime images (variants: docker/variants.yaml).", no_args_is_help=True
+)
+app.add_typer(images_app, name="images")
+_VARIANT_OPTION = typer.Option("auto", "--variant", help="auto | cpu | cu126 | cu128 | cu130 (auto: what this host runs best).")
+_REGISTRY_OPTION = typer.Option(None, "--registry", help="Registry host[:port] the tag is for, e.g. 127.0.0.1:5000.")
+
+
+def _image_error(exc: Exception) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(1)
+
+
+@images_app.command("build")
+def images_build(
+    variant: str = _VARIANT_OPTION,
+    base_image: str = typer.Option(None, "--base-image", help="Base image [default: the catalog's slim Python image]."),
+    tag: str = typer.Option(None, "--tag", help="Image tag [default: [REGISTRY/]verl-deploy:<version>-<variant>]."),
+    registry: str = _REGISTRY_OPTION,
+    pip_index_url: str = typer.Option(None, "--pip-index-url", envvar="PIP_INDEX_URL", help="Package index (a mirror)."),
+    pip_extra_index_url: list[str] = typer.Option([], "--pip-extra-index-url", envvar="PIP_EXTRA_INDEX_URL", help="More indexes (repeatable)."),
+    torch_index_url: str = typer.Option(None, "--torch-index-url", help="Where torch comes from [default: the variant's index]."),
+    wheelhouse: Path = typer.Option(None, "--wheelhouse", help="Folder of wheels pip may install from (torch from it when it holds the pinned one)."),
+    ca_bundle: Path = typer.Option(None, "--ca-bundle", help="CA bundle for pip in the build (TLS-intercepting proxy) [default: $PIP_CERT or $REQUESTS_CA_BUNDLE]."),
+    keep_ca_bundle: bool = typer.Option(False, "--keep-ca-bundle", help="Keep the CA bundle in the image and trust it there."),
+    push: bool = typer.Option(False, "--push", help="Push the image when built."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every layer."),
+) -> None:
+    """Build a variant's image (the trainer runtime on torch) through the Docker engine."""
+    from rich.console import Console
+
+    from verl_deploy import images
+    from verl_deploy.images.build import build
+    from verl_deploy.images.registry import push as push_image
+
+    console = Console(highlight=False)
+    try:
+        opts, notes = images.plan_build(
+            variant, base_image=base_image, tag=tag, registry=registry, pip_index_url=pip_index_url,
+            pip_extra_index_urls=tuple(pip_extra_index_url), torch_index_url=torch_index_url, wheelhouse=wheelhouse,
+            ca_bundle=ca_bundle, keep_ca_bundle=keep_ca_bundle, no_cache=no_cache,
+        )
+        for note in notes:
+            console.print(note)
+        built = build(opts, console)
+        console.print(f"built {built.tag} ({built.size / 1e9:.2f} GB, {built.seconds:.0f} s)")
+        if push:
+            console.print(push_image(built.tag, console))
+    except images.ImageError as exc:
+        raise _image_error(exc) from None
+
+
+@images_app.command("pull")
+def images_pull(
+    variant: str = _VARIANT_OPTION,
+    registry: str = _REGISTRY_OPTION,
+    tag: str = typer.Option(None, "--tag", help="Full image reference [default: [REGISTRY/]verl-deploy:<version>-<variant>]."),
+) -> None:
+    """Pull a variant's image, with a progress bar per layer (credentials: your Docker config)."""
+    from rich.console import Console
+
+    from verl_deploy import images
+    from verl_deploy.images.registry import pull
+
+    console = Console(highlight=False)
+    try:
+        ref = tag or images.image_tag(images.resolve_variant(variant), registry)
+        console.print(pull(ref, console))
+    except images.ImageError as exc:
+        raise _image_error(exc) from None
+
+
+@images_app.command("list")
+def images_list() -> None:
+    """Every variant: its local image (tag, size, created) and whether this host can run it, and why not."""
+    from rich.console import Console
+
+    from verl_deploy.images.listing import list_variants, table
+
+    Console().print(table(*list_variants()))
+
+
 def main() -> None:
     app()

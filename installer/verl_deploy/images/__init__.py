@@ -1,0 +1,94 @@
+"""`verl-deploy images`: build, pull, push and list the image variants of docker/variants.yaml.
+
+    context   options, build args and the build context (pure; no engine)
+    build     the build through the docker SDK with a live display of its steps
+    registry  pull and push with a bar per layer, one line when a registry says no
+    listing   the variants, their local images, and whether this host runs them
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+from verl_deploy.images.context import BuildOptions, ImageError, build_defaults, host_ca_bundle, image_tag, variant
+
+__all__ = ["BuildOptions", "ImageError", "ensure", "image_tag", "plan_build", "resolve_variant"]
+
+
+def resolve_variant(name: str) -> str:
+    """A variant name; `auto` becomes what this host's driver and GPUs run best (no NVIDIA GPU: cpu)."""
+    if name != "auto":
+        return variant(name).name
+    from verl_deploy import compat
+    from verl_deploy.doctor.core import Context, call_with_timeout
+    from verl_deploy.doctor.gpu import read_nvml
+
+    try:
+        ctx = Context(nvml=call_with_timeout(read_nvml, 10))
+    except TimeoutError:
+        ctx = Context(nvml={})
+    return compat.choose_variant(ctx.driver, ctx.capabilities).name
+
+
+def plan_build(
+    variant_name: str,
+    *,
+    base_image: str | None = None,
+    tag: str | None = None,
+    registry: str | None = None,
+    pip_index_url: str | None = None,
+    pip_extra_index_urls: tuple[str, ...] = (),
+    torch_index_url: str | None = None,
+    wheelhouse: Path | None = None,
+    ca_bundle: Path | None = None,
+    keep_ca_bundle: bool = False,
+    no_cache: bool = False,
+    env: dict[str, str] | None = None,
+) -> tuple[BuildOptions, list[str]]:
+    """The options of one build and notes for the user (which CA bundle, which variant `auto` chose)."""
+    notes = []
+    name = resolve_variant(variant_name)
+    if variant_name == "auto":
+        notes.append(f"variant auto: {name} (what this host's driver and GPUs run best)")
+    if ca_bundle is None and (found := host_ca_bundle(os.environ if env is None else env)):
+        ca_bundle = found[0]
+        notes.append(f"using this host's CA bundle {found[0]} (from {found[1]}) for pip inside the build; "
+                     f"it stays out of the image{'' if keep_ca_bundle else ' (--keep-ca-bundle keeps it)'}")
+    opts = BuildOptions(
+        variant=variant(name),
+        tag=tag or image_tag(name, registry),
+        base_image=base_image or build_defaults()["base_image"],
+        pip_index_url=pip_index_url,
+        pip_extra_index_urls=tuple(pip_extra_index_urls),
+        torch_index_url=torch_index_url,
+        wheelhouse=wheelhouse,
+        ca_bundle=ca_bundle,
+        keep_ca_bundle=keep_ca_bundle,
+        no_cache=no_cache,
+    )
+    return opts, notes
+
+
+def ensure(variant_name: str, console: Console | None = None) -> str:
+    """The tag of a variant's local image, built first (with the defaults) when this host lacks it."""
+    import docker
+
+    from verl_deploy.images.build import build
+    from verl_deploy.images.engine import engine
+
+    name = resolve_variant(variant_name)
+    tag = image_tag(name)
+    try:
+        engine().images.get(tag)
+        return tag
+    except docker.errors.ImageNotFound:
+        pass
+    console = console or Console(stderr=True)
+    opts, notes = plan_build(name)
+    for note in notes:
+        console.print(note)
+    console.print(f"{tag} is not on this host: building it (once)")
+    return build(opts, console).tag

@@ -1,0 +1,149 @@
+"""Build an image variant through the Docker engine (docker SDK, low-level API) with a live display of its steps."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from verl_deploy.images.context import BuildOptions, ImageError, build_args, check, target, write_context
+from verl_deploy.images.engine import engine
+
+STEP_LINE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+STEP_DONE = re.compile(r"^ ---> ([0-9a-f]{12})$")
+NOISE = re.compile(r"^( ---> Running in |Removing intermediate container |Successfully (built|tagged) )")
+TAIL_LINES = 25
+
+
+class BuildFailed(ImageError):
+    """The engine reported an error; the failing step and its log tail were shown."""
+
+
+@dataclass
+class Step:
+    number: int
+    total: int
+    instruction: str
+    started: float
+    cached: bool = False
+    seconds: float | None = None
+    log: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BuildLog:
+    """Folds the classic builder's decoded JSON stream into steps and their log lines."""
+
+    clock: object = time.monotonic
+    steps: list[Step] = field(default_factory=list)
+    image_id: str | None = None
+    error: str | None = None
+
+    @property
+    def current(self) -> Step | None:
+        return self.steps[-1] if self.steps else None
+
+    def feed(self, event: dict) -> list[Step]:
+        """Take one event; return the steps it finished."""
+        if "error" in event:
+            self.error = str(event["error"]).strip()
+            return []
+        if "aux" in event:
+            self.image_id = event["aux"].get("ID", self.image_id)
+            return []
+        text = event.get("stream") or _status_line(event)
+        return [step for line in text.splitlines() if (step := self._line(line.rstrip()))]
+
+    def _line(self, line: str) -> Step | None:
+        """Take one line; return the step it finished: by its layer id, or by the next step starting (steps
+        such as a global ARG make no layer)."""
+        step, now = self.current, self.clock()
+        if match := STEP_LINE.match(line):
+            self.steps.append(Step(int(match[1]), int(match[2]), match[3], now))
+            return self._finish(step, now) if step and step.seconds is None else None
+        if step and line == " ---> Using cache":
+            step.cached = True
+        elif step and step.seconds is None and STEP_DONE.match(line):
+            return self._finish(step, now)
+        elif step and line.strip() and not NOISE.match(line):
+            step.log.append(line)
+        return None
+
+    @staticmethod
+    def _finish(step: Step, now: float) -> Step:
+        step.seconds = now - step.started
+        return step
+
+
+def _status_line(event: dict) -> str:
+    """A base-image pull inside a build reports status events; keep their text as log lines."""
+    status = event.get("status")
+    return f"{event.get('id', '')} {status}".strip() if status and "progressDetail" not in event else ""
+
+
+@dataclass(frozen=True)
+class Built:
+    tag: str
+    image_id: str
+    size: int
+    seconds: float
+
+
+def build(opts: BuildOptions, console: Console) -> Built:
+    """Build opts.variant as opts.tag; BuildFailed after showing the failing step and the tail of its log."""
+    check(opts)
+    api = engine(timeout=3600).api
+    log, started = BuildLog(), time.monotonic()
+    progress = Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task(f"building {opts.tag}", total=None)
+    last_line = Text("", style="dim", no_wrap=True, overflow="ellipsis")
+    with tempfile.TemporaryFile() as context, Live(Group(progress, last_line), console=console, transient=True):
+        write_context(opts, context)
+        context.seek(0)
+        stream = api.build(
+            fileobj=context, custom_context=True, tag=opts.tag, buildargs=build_args(opts), target=target(opts),
+            nocache=opts.no_cache, rm=True, forcerm=True, decode=True,
+        )
+        for event in stream:
+            for finished in log.feed(event):
+                console.print(_step_line(finished), soft_wrap=True)
+            if log.current:
+                progress.update(
+                    task, total=log.current.total, completed=log.current.number - 1,
+                    description=escape(f"Step {log.current.number}: {_short(log.current.instruction, 50)}"),
+                )
+                last_line.plain = log.current.log[-1] if log.current.log else ""
+    if log.error:
+        raise _failure(log, console)
+    image = api.inspect_image(opts.tag)
+    return Built(opts.tag, image["Id"], image["Size"], time.monotonic() - started)
+
+
+def _step_line(step: Step) -> str:
+    when = "cached" if step.cached else f"{step.seconds:.1f}s"
+    return f"[green]✓[/] Step {step.number}/{step.total} {escape(_short(step.instruction, 90))} [dim]{when}[/]"
+
+
+def _failure(log: BuildLog, console: Console) -> BuildFailed:
+    step = log.current
+    if step is None:
+        return BuildFailed(f"build failed before its first step: {log.error}")
+    console.print(f"[red]✗ Step {step.number}/{step.total} {escape(_short(step.instruction, 90))}[/]", soft_wrap=True)
+    for line in step.log[-TAIL_LINES:]:
+        console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
+    return BuildFailed(f"build failed at step {step.number}/{step.total} ({_short(step.instruction, 60)}): {log.error}")
+
+
+def _short(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"

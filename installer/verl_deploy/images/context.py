@@ -1,0 +1,186 @@
+"""What a build of one image variant is made of: the options, the build args and the build context (a tar).
+
+Pure functions over the variant catalog (docker/variants.yaml, read through compat) and the project source; no
+Docker here, so every choice below is tested without an engine.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import IO
+
+from verl_deploy import __version__, compat
+
+DOCKER_DIR = compat.CATALOG_PATH.parent
+REPO = DOCKER_DIR.parent
+DOCKERFILE = DOCKER_DIR / "Dockerfile"
+# The project files an image needs, relative to the repository root.
+SOURCES = ("pyproject.toml", "installer/constraints.txt", "verl_runtime", "installer/verl_deploy")
+SKIPPED = ("__pycache__", ".pyc", ".egg-info")
+# Where the build-only extras sit in the builder stage (see docker/Dockerfile).
+EXTRAS = "/extras"
+
+
+class ImageError(Exception):
+    """A problem the user can fix; the message is one line that says how."""
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """One `verl-deploy images build`."""
+
+    variant: compat.Variant
+    tag: str
+    base_image: str
+    pip_index_url: str | None = None
+    pip_extra_index_urls: tuple[str, ...] = ()
+    torch_index_url: str | None = None  # None: the catalog's
+    wheelhouse: Path | None = None
+    ca_bundle: Path | None = None
+    keep_ca_bundle: bool = False
+    no_cache: bool = False
+
+
+@lru_cache(maxsize=1)
+def build_defaults() -> dict[str, str]:
+    """The catalog's `build:` section: base_image, repository."""
+    import yaml
+
+    return dict(yaml.safe_load(compat.CATALOG_PATH.read_text())["build"])
+
+
+def variant(name: str) -> compat.Variant:
+    """A catalog variant by name; ImageError naming the known ones otherwise."""
+    catalog = compat.load_catalog()
+    if name not in catalog:
+        raise ImageError(f"unknown variant '{name}': choose one of {', '.join(catalog)} or auto")
+    return catalog[name]
+
+
+def image_tag(variant_name: str, registry: str | None = None) -> str:
+    """The tag of a variant's image: [REGISTRY/]verl-deploy:<runtime version>-<variant>."""
+    name = f"{build_defaults()['repository']}:{__version__}-{variant_name}"
+    return f"{registry.rstrip('/')}/{name}" if registry else name
+
+
+def host_ca_bundle(env: dict[str, str] | None = None) -> tuple[Path, str] | None:
+    """The CA bundle pip uses on this host (PIP_CERT, else REQUESTS_CA_BUNDLE) and the variable that named it."""
+    env = os.environ if env is None else env
+    for name in ("PIP_CERT", "REQUESTS_CA_BUNDLE"):
+        if env.get(name) and Path(env[name]).is_file():
+            return Path(env[name]), name
+    return None
+
+
+def wheelhouse_has_torch(wheelhouse: Path | None, torch_version: str) -> bool:
+    """Whether the wheelhouse holds a torch wheel of this release (any local build: +cpu, +cu128, ...)."""
+    if wheelhouse is None:
+        return False
+    return any(
+        wheel.name.split("-")[1].split("+")[0] == torch_version for wheel in wheelhouse.glob("torch-*.whl")
+    )
+
+
+def torch_index(opts: BuildOptions) -> str | None:
+    """The index torch comes from; None when the wheelhouse holds the pinned torch (then torch comes from there
+    and no torch index is consulted, which also keeps an air-gapped build off the network for torch)."""
+    if wheelhouse_has_torch(opts.wheelhouse, opts.variant.torch):
+        return None
+    return opts.torch_index_url or opts.variant.torch_index_url or None
+
+
+def pip_config(opts: BuildOptions, for_torch: bool = False) -> str:
+    """pip.conf for the builder stage. Indexes live here, not in build args, so that a mirror URL with a token
+    in it never shows in an image's history."""
+    extra = list(opts.pip_extra_index_urls)
+    if for_torch and torch_index(opts):
+        extra.insert(0, torch_index(opts))
+    lines = ["[global]"]
+    if opts.pip_index_url:
+        lines.append(f"index-url = {opts.pip_index_url}")
+    if extra:
+        lines.append("extra-index-url = " + "\n    ".join(extra))
+    if opts.wheelhouse:
+        lines.append(f"find-links = {EXTRAS}/wheelhouse")
+    if opts.ca_bundle:
+        lines.append(f"cert = {EXTRAS}/ca-bundle.pem")
+    return "\n".join(lines) + "\n"
+
+
+def nvidia_require_cuda(v: compat.Variant) -> str:
+    """NVIDIA_REQUIRE_CUDA for the container toolkit: the CUDA its lowest driver runs in full (minor-version
+    compatibility makes a cu128 image run on any CUDA 12 driver from 525.60.13, so: cuda>=12.0)."""
+    if v.is_cpu or not v.min_driver:
+        return ""
+    return f"cuda>={compat.max_cuda(v.min_driver)}"
+
+
+def build_args(opts: BuildOptions) -> dict[str, str]:
+    """The Dockerfile's ARGs for this build: the variant's pins and what the labels say."""
+    v = opts.variant
+    return {
+        "BASE_IMAGE": opts.base_image,
+        "VARIANT": v.name,
+        "CUDA": v.cuda or "none",
+        "TORCH_VERSION": v.torch,
+        "VLLM_VERSION": v.vllm or "",
+        "RUNTIME_VERSION": __version__,
+        "NVIDIA_VISIBLE_DEVICES": "void" if v.is_cpu else "all",
+        "NVIDIA_REQUIRE_CUDA": nvidia_require_cuda(v),
+    }
+
+
+def target(opts: BuildOptions) -> str:
+    """The Dockerfile stage to build: the CA bundle stays out of the image unless asked to keep it."""
+    return "runtime-with-ca" if opts.keep_ca_bundle else "runtime"
+
+
+def check(opts: BuildOptions) -> None:
+    """ImageError for inputs that would only fail later, inside the build."""
+    if opts.wheelhouse and not opts.wheelhouse.is_dir():
+        raise ImageError(f"--wheelhouse {opts.wheelhouse} is not a directory")
+    if opts.ca_bundle and not opts.ca_bundle.is_file():
+        raise ImageError(f"--ca-bundle {opts.ca_bundle} is not a file: pass the PEM bundle of your proxy's CA")
+    if opts.keep_ca_bundle and not opts.ca_bundle:
+        raise ImageError("--keep-ca-bundle needs a CA bundle: pass --ca-bundle FILE")
+
+
+def context_members(opts: BuildOptions) -> dict[str, Path | bytes]:
+    """Every file of the build context: archive name -> a file on disk or the content itself."""
+    members: dict[str, Path | bytes] = {"Dockerfile": DOCKERFILE}
+    for source in SOURCES:
+        path = REPO / source
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for file in files:
+            name = file.relative_to(REPO).as_posix()
+            if not any(skipped in name for skipped in SKIPPED):
+                members[name] = file
+    members["extras/pip.conf"] = pip_config(opts).encode()
+    members["extras/pip-torch.conf"] = pip_config(opts, for_torch=True).encode()
+    if opts.ca_bundle:
+        members["extras/ca-bundle.pem"] = opts.ca_bundle
+    if opts.wheelhouse:
+        for wheel in sorted(opts.wheelhouse.glob("*.whl")):
+            members[f"extras/wheelhouse/{wheel.name}"] = wheel
+    return members
+
+
+def write_context(opts: BuildOptions, fileobj: IO[bytes]) -> None:
+    """The build context as a tar into fileobj. Times and owners are fixed (0, root) so that Docker's layer
+    cache sees content changes only."""
+    with tarfile.open(fileobj=fileobj, mode="w") as tar:
+        for name, source in context_members(opts).items():
+            info = tarfile.TarInfo(name)
+            info.mode = 0o644
+            if isinstance(source, bytes):
+                info.size = len(source)
+                tar.addfile(info, io.BytesIO(source))
+            else:
+                info.size = source.stat().st_size
+                with source.open("rb") as handle:
+                    tar.addfile(info, handle)

@@ -1,0 +1,20 @@
+"""The Docker engine client (imported lazily: `verl-deploy --help` stays instant)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl_deploy.images.context import ImageError
+
+
+def engine(timeout: int = 60) -> Any:
+    """A connected docker client; ImageError with what to do when no engine answers. Registry credentials come
+    from the usual Docker config (~/.docker/config.json and its credential helpers), read by the SDK."""
+    import docker
+
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise ImageError(f"cannot reach the Docker engine ({exc}): start it, or run `verl-deploy doctor`") from None
+    return client

@@ -1,0 +1,91 @@
+"""`verl-deploy images list`: every catalog variant, its local images, and whether this host can run it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from rich.table import Table
+
+from verl_deploy import compat
+from verl_deploy.images.context import ImageError
+from verl_deploy.images.engine import engine
+
+
+@dataclass(frozen=True)
+class LocalImage:
+    tags: tuple[str, ...]
+    size: int
+    created: str
+
+
+@dataclass(frozen=True)
+class Row:
+    variant: compat.Variant
+    verdict: compat.Verdict
+    images: tuple[LocalImage, ...]
+
+
+def rows(driver: str | None, capabilities: list[str], local: dict[str, list[LocalImage]]) -> list[Row]:
+    """One row per catalog variant: its local images (by the verl-deploy.variant label) and compat's verdict."""
+    return [
+        Row(verdict.variant, verdict, tuple(local.get(verdict.variant.name, ())))
+        for verdict in compat.check_variants(driver, capabilities)
+    ]
+
+
+def local_images() -> dict[str, list[LocalImage]]:
+    """This host's verl-deploy images by variant, newest first."""
+    found: dict[str, list[LocalImage]] = {}
+    for image in engine().api.images(filters={"label": "verl-deploy.variant"}):
+        name = (image.get("Labels") or {}).get("verl-deploy.variant", "")
+        created = datetime.fromtimestamp(image["Created"]).strftime("%Y-%m-%d %H:%M")
+        tags = tuple(t for t in image.get("RepoTags") or () if t != "<none>:<none>")
+        if tags:
+            found.setdefault(name, []).append(LocalImage(tags, image["Size"], created))
+    for images in found.values():
+        images.sort(key=lambda i: i.created, reverse=True)
+    return found
+
+
+def host_reading() -> tuple[str | None, list[str]]:
+    """This host's NVIDIA driver and GPU compute capabilities (None, [] without an NVIDIA GPU)."""
+    from verl_deploy.doctor.core import Context, call_with_timeout
+    from verl_deploy.doctor.gpu import read_nvml
+
+    try:
+        ctx = Context(nvml=call_with_timeout(read_nvml, 10))
+    except TimeoutError:
+        return None, []
+    return ctx.driver, ctx.capabilities
+
+
+def table(found: list[Row], engine_note: str = "") -> Table:
+    out = Table(title="verl-deploy image variants", caption=engine_note or None)
+    for column in ("variant", "CUDA / torch", "local image", "size", "created", "runs here"):
+        out.add_column(column)
+    for row in found:
+        v, image = row.variant, row.images[0] if row.images else None
+        runs = "[green]yes[/]" if row.verdict.runs else f"[yellow]no[/]: {row.verdict.reason}"
+        out.add_row(
+            v.name,
+            f"{v.cuda or 'cpu'} / {v.torch}" + (f" + vLLM {v.vllm}" if v.vllm else ""),
+            ", ".join(image.tags) if image else "[dim]not built or pulled[/]",
+            f"{image.size / 1e9:.2f} GB" if image else "",
+            image.created if image else "",
+            runs,
+        )
+    return out
+
+
+def list_variants() -> tuple[list[Row], str]:
+    """The rows for this host and a note when the engine could not be asked for local images."""
+    local: dict[str, Any] = {}
+    note = ""
+    try:
+        local = local_images()
+    except ImageError as exc:
+        note = str(exc)
+    driver, capabilities = host_reading()
+    return rows(driver, capabilities, local), note
