@@ -100,6 +100,14 @@ def test_missing_or_invalid_model_directory_is_a_clear_error(tmp_path):
         resolve_model_path("builtin:huge")
 
 
+def test_unwritable_cache_says_which_setting_to_change(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("VERL_RUNTIME_CACHE", str(blocker / "cache"))
+    with pytest.raises(ModelError, match="set VERL_RUNTIME_CACHE to a writable directory"):
+        resolve_model_path(BUILTIN_TINY)
+
+
 def test_dtype_defaults_and_loading_on_cpu(tiny_opt_dir):
     assert default_dtype("cuda") == torch.bfloat16
     assert default_dtype("cpu") == torch.float32

@@ -77,8 +77,14 @@ def _cached_tiny_model() -> Path:
     final = cache_root() / _TINY_CACHE_NAME
     if (final / "config.json").is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{_TINY_CACHE_NAME}.tmp-", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{_TINY_CACHE_NAME}.tmp-", dir=final.parent))
+    except OSError as exc:
+        raise ModelError(
+            f"cannot build {BUILTIN_TINY} in {final.parent} ({exc.strerror}): "
+            "set VERL_RUNTIME_CACHE to a writable directory"
+        ) from exc
     try:
         build_tiny_model(tmp)
         os.rename(tmp, final)
