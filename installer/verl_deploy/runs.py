@@ -76,6 +76,21 @@ def last_metrics(run_dir: Path | str) -> dict:
     return {}
 
 
+def metrics_lines(run_dir: Path | str) -> list[dict]:
+    """Every complete line of metrics.jsonl."""
+    try:
+        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue  # a line still being written
+    return found
+
+
 def checkpoints(run_dir: Path | str) -> list[str]:
     """Completed checkpoints (checkpoints/step_N), oldest first."""
     root = Path(run_dir) / "checkpoints"

@@ -68,7 +68,10 @@ def default_image(variant: str) -> str:
 
 
 def ensure_default_image(variant: str) -> str:
-    """The variant's image, built or pulled first when this host lacks it (Docker target only)."""
+    """The variant's image (`auto`: doctor's choice for this host), built first when this host lacks it."""
     from verl_deploy import images
 
-    return images.ensure(variant)
+    try:
+        return images.ensure(variant)
+    except images.ImageError as exc:
+        raise LaunchError(str(exc)) from None
