@@ -321,5 +321,44 @@ def images_list() -> None:
     Console().print(table(*list_variants()))
 
 
+@app.command()
+def smoke(
+    target: str = typer.Option("docker", "--target", "-t", help="local | docker | k8s"),
+    image: str = typer.Option(None, "--image", help="Image to prove [default: the variant's local tag]."),
+    variant: str = typer.Option(None, "--variant", help="Image variant [default: cpu, or doctor's choice with --gpus]."),
+    gpus: str = typer.Option(None, "--gpus", help="GPUs for the run: all, a count, indices or UUIDs."),
+    namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
+    runs_dir: Path = _RUNS_DIR_OPTION,
+    json_path: Path = typer.Option(None, "--json", help="JSON summary [default: <run dir>/smoke.json]."),
+    junit_path: Path = typer.Option(None, "--junit", help="JUnit XML [default: <run dir>/smoke-junit.xml]."),
+    timeout_s: float = typer.Option(900, "--timeout", help="Seconds before the run counts as failed."),
+) -> None:
+    """Two training steps of the built-in tiny model in an image: one PASS/FAIL line, JSON and JUnit XML. Exit 0 on pass."""
+    from verl_deploy import runs, smoke as smoke_test
+    from verl_deploy.launchers import (
+        CLUSTER_GPU_VARIANT, LaunchError, default_image, ensure_default_image, get_launcher,
+    )
+    from verl_deploy.launchers.jobspec import build_spec, new_run_id, parse_gpus
+
+    root = runs_dir or runs.default_runs_root()
+    run_id = new_run_id(Path("smoke"))
+    try:
+        variant = variant or ("auto" if parse_gpus(gpus).wanted else "cpu")
+        if variant == "auto" and target == "k8s":
+            variant = CLUSTER_GPU_VARIANT
+        if image is None:
+            image = ensure_default_image(variant) if target == "docker" else default_image(variant)
+        config = smoke_test.write_config(root / run_id)
+        spec = build_spec(config, image=image, variant=None if variant == "auto" else variant, runs_root=root,
+                          run_id=run_id, gpus=gpus, shm_size="1g", namespace=namespace)
+        result = smoke_test.run_smoke(get_launcher(target, root, namespace), spec, timeout_s=timeout_s)
+    except LaunchError as exc:
+        raise _launch_error(exc) from None
+    smoke_test.write_json(result, json_path or spec.run_dir / "smoke.json")
+    smoke_test.write_junit(result, junit_path or spec.run_dir / "smoke-junit.xml")
+    typer.echo(result.line)
+    raise typer.Exit(0 if result.passed else 1)
+
+
 def main() -> None:
     app()
