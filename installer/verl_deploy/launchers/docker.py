@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -150,6 +151,7 @@ class DockerLauncher:
             if old.status == "running":
                 raise LaunchError(f"run {spec.run_id} is still running: `verl-deploy stop {spec.run_id}` first")
             old.remove()  # a finished container of this run id: --resume starts a new one on the same run dir
+        fresh = not spec.run_dir.exists()
         _prepare_run_dir(spec)
         runs.write_record(spec.run_dir, {"run_id": spec.run_id, "target": self.target, "image": spec.image,
                                          "command": spec.train_args(), "secrets": list(spec.secrets)})
@@ -158,6 +160,8 @@ class DockerLauncher:
             container.start()
         except docker.errors.APIError as exc:
             container.remove(force=True)
+            if fresh:  # leave no trace of a run that never started
+                shutil.rmtree(spec.run_dir, ignore_errors=True)
             if spec.gpus.wanted and _gpu_error(exc):
                 raise LaunchError(
                     "Docker on this host has no GPU support (NVIDIA container toolkit not set up): install "

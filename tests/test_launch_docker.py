@@ -1,0 +1,137 @@
+"""`verl-deploy run --target docker` against the real engine: training to completion in the cpu image, a killed
+container resumed, Ctrl-C leaving a checkpoint, and bad input failing in one line with nothing left behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO
+from typer.testing import CliRunner
+
+from verl_deploy.cli import app
+from verl_deploy.launchers.jobspec import RUN_ID_LABEL
+
+pytestmark = pytest.mark.docker
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+SHORT = ["--set", "data.max_response_length=8", "--set", "trainer.test_freq=-1", "--shm-size", "1g"]
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def steps(run_dir):
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for(predicate, timeout_s=180):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def containers(docker_client, run_id, running_only=False):
+    return docker_client.containers.list(all=not running_only, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
+
+
+@pytest.fixture
+def cleanup(docker_client):
+    run_ids = []
+    yield run_ids
+    for run_id in run_ids:
+        for container in containers(docker_client, run_id):
+            container.remove(force=True)
+
+
+@pytest.mark.slow
+def test_quickstart_trains_in_a_container_to_completion(tmp_path, cpu_image, docker_client, cleanup):
+    runs = tmp_path / "runs"
+    cleanup.append("dock-2")
+    result = cli("run", QUICKSTART, "--target", "docker", "--image", cpu_image, "--runs-dir", runs,
+                 "--run-id", "dock-2", "--set", "trainer.total_training_steps=2", *SHORT)
+    assert result.exit_code == 0, result.output
+    assert "step 2/2" in result.output  # streamed live from the container
+    run_dir = runs / "dock-2"
+    assert steps(run_dir) == [1, 2]
+    assert (run_dir / "checkpoints" / "step_2").is_dir()
+    expected_uid = os.getuid() or 1000  # the caller's files; a root caller's runs belong to the image's user
+    assert (run_dir / "metrics.jsonl").stat().st_uid == expected_uid
+
+    [container] = containers(docker_client, "dock-2")
+    assert container.status == "exited" and container.attrs["Config"]["User"] == f"{expected_uid}:{os.getgid() or 1000}"
+    status = cli("status", "dock-2", "--runs-dir", runs)
+    assert status.output.startswith("dock-2  docker  succeeded (exit 0)  step 2 · reward "), status.output
+    assert "step 2/2" in cli("logs", "dock-2", "--runs-dir", runs).output
+    listed = json.loads(cli("runs", "--target", "docker", "--json").output)
+    assert "dock-2" in [r["run_id"] for r in listed]
+
+
+@pytest.mark.slow
+def test_killed_container_resumes_without_losing_a_step(tmp_path, cpu_image, docker_client, cleanup):
+    runs = tmp_path / "runs"
+    run_dir = runs / "dock-kill"
+    cleanup.append("dock-kill")
+    common = ["--target", "docker", "--image", cpu_image, "--runs-dir", runs, "--set", "trainer.save_freq=1", *SHORT]
+    started = cli("run", QUICKSTART, *common, "--run-id", "dock-kill", "--detach",
+                  "--set", "trainer.total_training_steps=100")
+    assert started.exit_code == 0, started.output
+    assert wait_for(lambda: len(steps(run_dir)) >= 2)
+    containers(docker_client, "dock-kill")[0].kill()  # SIGKILL: no chance to checkpoint
+    done = max(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*"))
+
+    resumed = cli("run", QUICKSTART, *common, "--resume", "dock-kill", "--set", f"trainer.total_training_steps={done + 1}")
+    assert resumed.exit_code == 0, resumed.output
+    assert steps(run_dir) == list(range(1, done + 2)), "every completed step kept, none repeated"
+    assert not containers(docker_client, "dock-kill", running_only=True)
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_a_checkpoint_and_nothing_running(tmp_path, cpu_image, docker_client, cleanup):
+    runs = tmp_path / "runs"
+    run_dir = runs / "dock-int"
+    cleanup.append("dock-int")
+    cli_process = subprocess.Popen(
+        [sys.executable, "-m", "verl_deploy", "run", str(QUICKSTART), "--target", "docker", "--image", cpu_image,
+         "--runs-dir", str(runs), "--run-id", "dock-int", "--set", "trainer.total_training_steps=100", *SHORT],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert wait_for(lambda: len(steps(run_dir)) >= 1)
+        cli_process.send_signal(signal.SIGINT)
+        output, _ = cli_process.communicate(timeout=180)
+    finally:
+        cli_process.kill()
+    [container] = containers(docker_client, "dock-int")
+    assert container.status == "exited"
+    assert cli_process.returncode == container.attrs["State"]["ExitCode"], output
+    last = steps(run_dir)[-1]
+    assert (run_dir / "checkpoints" / f"step_{last}").is_dir(), output
+
+
+def test_missing_image_is_one_line_and_starts_nothing(tmp_path, docker_client):
+    result = cli("run", QUICKSTART, "--target", "docker", "--image", "localhost:1/no-such-image:0",
+                 "--runs-dir", tmp_path, "--run-id", "dock-noimage")
+    assert result.exit_code == 2
+    assert result.output.startswith("error: image 'localhost:1/no-such-image:0' is not here and cannot be pulled")
+    assert len(result.output.strip().splitlines()) == 1
+    assert not containers(docker_client, "dock-noimage") and not (tmp_path / "dock-noimage").exists()
+
+
+def test_gpus_without_docker_gpu_support_is_one_line_and_leaves_nothing(tmp_path, docker_client, base_image):
+    runtimes = docker_client.info().get("Runtimes", {})
+    if "nvidia" in runtimes:
+        pytest.skip("this Docker engine has GPU support")
+    result = cli("run", QUICKSTART, "--target", "docker", "--image", base_image, "--gpus", "1",
+                 "--runs-dir", tmp_path, "--run-id", "dock-gpu")
+    assert result.exit_code == 2
+    assert result.output.startswith("error: Docker on this host has no GPU support")
+    assert len(result.output.strip().splitlines()) == 1
+    assert not containers(docker_client, "dock-gpu") and not (tmp_path / "dock-gpu").exists()
