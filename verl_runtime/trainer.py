@@ -83,7 +83,7 @@ class SingleControllerTrainer:
         start = self.resume(run_dir) if cfg.trainer.resume == "auto" else 0
         print(f"[INFO] {len(train)} training prompts, {steps_per_epoch} steps per epoch; steps {start + 1}..{total}"
               f" -> {run_dir}", flush=True)
-        writer = MetricsWriter(run_dir, tensorboard=cfg.trainer.tensorboard)
+        writer = MetricsWriter(run_dir, tensorboard=cfg.trainer.tensorboard, truncate_after=start)
         try:
             with stop_requests() as stop, out_of_memory_hint(cfg):
                 if val and cfg.trainer.val_before_train and start == 0:
@@ -104,10 +104,8 @@ class SingleControllerTrainer:
                         metrics = self._update(batch, scores, timing, mini)
                     except TrainingError as exc:
                         kept = latest_checkpoint(run_dir)
-                        raise TrainingError(
-                            f"step {step}: {exc}; training stopped, "
-                            + (f"the last checkpoint {kept} is kept" if kept else "no checkpoint was written yet")
-                        ) from None
+                        kept = f"the last checkpoint {kept} is kept" if kept else "no checkpoint was written yet"
+                        raise TrainingError(f"step {step}: {exc}; training stopped, {kept}") from None
 
                     if val and cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or step == total):
                         with timer("testing", timing):
@@ -142,7 +140,8 @@ class SingleControllerTrainer:
         cfg = self.config
         if not torch.isfinite(scores).all():
             bad = int((~torch.isfinite(scores)).sum())
-            raise TrainingError(f"the reward is not finite for {bad} of {len(scores)} samples: check the reward function")
+            source = self.config.reward.function or self.config.reward.model_path or "the built-in scorer"
+            raise TrainingError(f"the reward is not finite for {bad} of {len(scores)} samples: check {source}")
         mask = batch["response_mask"]
         token_level_scores = sequence_scores_to_token_level(scores.to(mask.device, torch.float32), mask)
         if self.ref is not None:

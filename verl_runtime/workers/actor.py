@@ -95,7 +95,10 @@ class ActorWorker:
                 grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                 values = {key: float(value) for key, value in totals.items()}
                 if not (math.isfinite(values["actor/loss"]) and math.isfinite(float(grad_norm))):
-                    raise TrainingError(f"the actor loss is {values['actor/loss']} (gradient norm {float(grad_norm)})")
+                    raise TrainingError(
+                        f"the actor diverged (loss {values['actor/loss']:.4g}, gradient norm {float(grad_norm):.4g}): "
+                        f"lower actor.lr (now {cfg.lr:g}) or check the rewards"
+                    )
                 self.optimizer.step()
                 for key, value in values.items():
                     stats[key].append(value)

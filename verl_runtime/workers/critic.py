@@ -68,7 +68,10 @@ class CriticWorker:
                 grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                 values = {key: float(value) for key, value in totals.items()}
                 if not (math.isfinite(values["critic/vf_loss"]) and math.isfinite(float(grad_norm))):
-                    raise TrainingError(f"the critic loss is {values['critic/vf_loss']} (gradient norm {float(grad_norm)})")
+                    raise TrainingError(
+                        f"the critic diverged (loss {values['critic/vf_loss']:.4g}, gradient norm {float(grad_norm):.4g}): "
+                        f"lower critic.lr (now {cfg.lr:g}) or check the rewards"
+                    )
                 self.optimizer.step()
                 for key, value in values.items():
                     stats[key].append(value)
