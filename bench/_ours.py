@@ -1,5 +1,6 @@
 """The workload through verl_runtime's public API: a GRPO config, a data file, SingleControllerTrainer.fit()."""
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -66,7 +67,10 @@ def run_ours(w: Workload, model_dir: str, total_steps: int, out_dir: Path) -> Si
 
     data = write_data(w, total_steps, out_dir / "train.jsonl")
     run_dir = out_dir / "run"
-    SingleControllerTrainer(ours_config(w, model_dir, data, total_steps, run_dir)).fit()
+    config = ours_config(w, model_dir, data, total_steps, run_dir)
+    # The trainer's console lines go to a file, so the benchmark prints only its table.
+    with open(out_dir / "console.log", "w") as log, contextlib.redirect_stdout(log):
+        SingleControllerTrainer(config).fit()
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     steps = [m for m in map(json.loads, filter(None, lines)) if "timing_s/step" in m]
     times = [s["timing_s/step"] for s in steps]
