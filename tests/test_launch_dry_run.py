@@ -56,7 +56,7 @@ def test_sdk_options_match_the_dry_run_line(config, tmp_path):
     argv = docker_run_args(spec)
     assert options["device_requests"][0]["Count"] == -1 and ["--gpus", "all"] == argv[argv.index("--gpus"):][:2]
     assert options["ipc_mode"] == "host" and "shm_size" not in options and "--shm-size" not in argv
-    assert options["labels"] == {"verl-deploy.run-id": "r1", "verl-deploy.managed": "true"}
+    assert options["labels"] == {"verl-deploy.run-id": "r1", "verl-deploy.managed": "true", "verl-deploy.role": "trainer"}
     assert options["command"] == argv[argv.index("img:1") + 1:]
     assert options["environment"]["HF_TOKEN"] == SECRET  # the value reaches the container only
     assert SECRET not in str(options["labels"]) and SECRET not in shlex.join(argv)
@@ -107,3 +107,18 @@ def test_run_ids_are_dns_labels(config, tmp_path):
     assert spec.run_id.startswith("tiny-") and len(spec.run_id) <= 52
     with pytest.raises(LaunchError):
         build_spec(config, image="i", runs_root=tmp_path, run_id="Not_OK", environ={})
+
+
+def test_several_nodes_are_a_ray_head_and_workers_on_one_network(config, tmp_path):
+    result = invoke("run", config, "--target", "docker", "--dry-run", "--image", "img:1", "--nodes", "3",
+                    "--run-id", "mn", "--runs-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    network, *workers, head = [shlex.split(line) for line in result.stdout.strip().splitlines()]
+    assert network == ["docker", "network", "create", "mn-net"]
+    assert [w[w.index("--name") + 1] for w in workers] == ["mn-worker-1", "mn-worker-2"]
+    assert all("--detach" in w and "verl-deploy.role=ray-worker" in w and "ray start --address=mn:6379" in w[-1]
+               for w in workers)
+    assert head[head.index("--name") + 1] == "mn" and "--detach" not in head
+    assert all(argv[argv.index("--network") + 1] == "mn-net" for argv in [*workers, head])
+    assert head[-1].startswith("ray start --head --port=6379")
+    assert "RAY_ADDRESS=127.0.0.1:6379 python -m verl_runtime train /etc/verl-deploy/config.yaml" in head[-1]

@@ -7,6 +7,7 @@ import shlex
 import shutil
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -19,12 +20,53 @@ ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864)}
 STOP_GRACE_S = 120  # time the runtime gets to write its checkpoint after SIGTERM
 
 
-def docker_run_args(spec: JobSpec, detach: bool = False) -> list[str]:
+ROLE_LABEL = "verl-deploy.role"
+RAY_PORT = 6379
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One container of a run: the trainer, or for several nodes a Ray head (which runs the trainer) or worker."""
+
+    name: str
+    role: str  # trainer | ray-head | ray-worker
+    command: list[str]
+    shell: bool = False  # run `command` through /bin/sh -c instead of the image's entrypoint
+
+
+def network_name(spec: JobSpec) -> str:
+    return f"{spec.run_id}-net"
+
+
+def plans(spec: JobSpec) -> list[Plan]:
+    """Containers in start order. Several nodes: a Ray head and workers on one network, the way a KubeRay
+    RayJob runs; the trainer runs on the head and joins its cluster through RAY_ADDRESS."""
+    if spec.nodes == 1:
+        return [Plan(spec.run_id, "trainer", spec.train_args())]
+    head = spec.run_id  # the head keeps the run's name: status, logs and stop follow it
+    # Wait for the head, then serve it; `--block` returns once the head is gone, so workers end with the run.
+    join = (
+        f"until ray health-check --address={head}:{RAY_PORT} 2>/dev/null; do sleep 1; done; "
+        f"exec ray start --address={head}:{RAY_PORT} --block"
+    )
+    workers = [Plan(f"{spec.run_id}-worker-{i}", "ray-worker", [join], shell=True) for i in range(1, spec.nodes)]
+    train = shlex.join(["python", "-m", "verl_runtime", *spec.train_args()])
+    start_head = (
+        f"ray start --head --port={RAY_PORT} --disable-usage-stats && "
+        f"exec env RAY_ADDRESS=127.0.0.1:{RAY_PORT} {train}"
+    )
+    return [*workers, Plan(head, "ray-head", [start_head], shell=True)]
+
+
+def docker_run_args(spec: JobSpec, plan: Plan | None = None, detach: bool = False) -> list[str]:
     """The `docker run` command line equivalent to what launch() creates. Secrets appear by name only
     (`-e HF_TOKEN` makes docker read the value from the caller's environment)."""
-    args = ["docker", "run"] + (["--detach"] if detach else []) + ["--name", spec.run_id, "--init"]
-    for key, value in spec.labels.items():
+    plan = plan or plans(spec)[-1]
+    args = ["docker", "run"] + (["--detach"] if detach else []) + ["--name", plan.name, "--init"]
+    for key, value in {**spec.labels, ROLE_LABEL: plan.role}.items():
         args += ["--label", f"{key}={value}"]
+    if spec.nodes > 1:
+        args += ["--network", network_name(spec)]
     args += ["--user", spec.user]
     if spec.gpus.wanted:
         gpus = str(spec.gpus)
@@ -42,25 +84,32 @@ def docker_run_args(spec: JobSpec, detach: bool = False) -> list[str]:
         args += ["-e", f"{key}={value}"]
     for name in spec.secrets:
         args += ["-e", name]
-    return args + [spec.image] + spec.train_args()
+    if plan.shell:
+        args += ["--entrypoint", "/bin/sh"]
+    return args + [spec.image] + (["-c", *plan.command] if plan.shell else plan.command)
 
 
-def container_options(spec: JobSpec, environ: dict[str, str] | None = None) -> dict:
+def container_options(spec: JobSpec, plan: Plan | None = None, environ: dict[str, str] | None = None) -> dict:
     """Keyword arguments for `client.containers.create`: the same translation as docker_run_args."""
     from docker.types import DeviceRequest, Mount, Ulimit
 
+    plan = plan or plans(spec)[-1]
     environ = os.environ if environ is None else environ
     options: dict = {
         "image": spec.image,
-        "command": spec.train_args(),
-        "name": spec.run_id,
-        "labels": dict(spec.labels),
+        "command": plan.command,
+        "name": plan.name,
+        "labels": {**spec.labels, ROLE_LABEL: plan.role},
         "user": spec.user,
         "init": True,  # tini as PID 1 forwards SIGTERM to the trainer and reaps Ray's children
         "ulimits": [Ulimit(name=name, soft=soft, hard=hard) for name, (soft, hard) in ULIMITS.items()],
         "mounts": [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in spec.mounts],
         "environment": {**spec.container_env, **{name: environ[name] for name in spec.secrets if name in environ}},
     }
+    if plan.shell:
+        options["entrypoint"] = ["/bin/sh", "-c"]
+    if spec.nodes > 1:
+        options["network"] = network_name(spec)
     if spec.gpus.wanted:
         if spec.gpus.device_ids:
             request = DeviceRequest(device_ids=list(spec.gpus.device_ids), capabilities=[["gpu"]])
@@ -136,30 +185,30 @@ class DockerLauncher:
         self.runs_root = Path(runs_root)
 
     def dry_run(self, spec: JobSpec) -> str:
-        return shlex.join(docker_run_args(spec))
+        lines = [shlex.join(docker_run_args(spec, plan, detach=plan.role == "ray-worker")) for plan in plans(spec)]
+        if spec.nodes > 1:
+            lines.insert(0, shlex.join(["docker", "network", "create", network_name(spec)]))
+        return "\n".join(lines)
 
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
         import docker.errors
 
         engine = client()
         ensure_image(engine, spec.image)
-        try:
-            old = engine.containers.get(spec.run_id)
-        except docker.errors.NotFound:
-            old = None
-        if old is not None:
-            if old.status == "running":
-                raise LaunchError(f"run {spec.run_id} is still running: `verl-deploy stop {spec.run_id}` first")
-            old.remove()  # a finished container of this run id: --resume starts a new one on the same run dir
+        self._clear_finished(engine, spec.run_id)  # --resume starts new containers on the same run dir
         fresh = not spec.run_dir.exists()
         _prepare_run_dir(spec)
         runs.write_record(spec.run_dir, {"run_id": spec.run_id, "target": self.target, "image": spec.image,
-                                         "command": spec.train_args(), "secrets": list(spec.secrets)})
-        container = engine.containers.create(**container_options(spec))
+                                         "nodes": spec.nodes, "command": spec.train_args(),
+                                         "secrets": list(spec.secrets)})
         try:
-            container.start()
+            if spec.nodes > 1:
+                engine.networks.create(network_name(spec), driver="bridge", labels=dict(spec.labels))
+            for plan in plans(spec):
+                container = engine.containers.create(**container_options(spec, plan))
+                container.start()
         except docker.errors.APIError as exc:
-            container.remove(force=True)
+            self._remove_all(engine, spec.run_id)
             if fresh:  # leave no trace of a run that never started
                 shutil.rmtree(spec.run_dir, ignore_errors=True)
             if spec.gpus.wanted and _gpu_error(exc):
@@ -170,7 +219,27 @@ class DockerLauncher:
             raise LaunchError(f"container did not start: {(exc.explanation or str(exc)).splitlines()[0]}") from None
         if detach:
             return 0
-        return self._follow(container)
+        return self._follow(container)  # the last one started: the trainer (or the Ray head running it)
+
+    def _run_containers(self, engine, run_id: str) -> list:
+        return engine.containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
+
+    def _clear_finished(self, engine, run_id: str) -> None:
+        found = self._run_containers(engine, run_id)
+        if any(c.status == "running" for c in found):
+            raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
+        self._remove_all(engine, run_id)
+
+    def _remove_all(self, engine, run_id: str) -> None:
+        import docker.errors
+
+        for container in self._run_containers(engine, run_id):
+            container.remove(force=True)
+        for network in engine.networks.list(filters={"label": f"{RUN_ID_LABEL}={run_id}"}):
+            try:
+                network.remove()
+            except docker.errors.APIError:
+                pass  # still in use by something else: leave it
 
     def _follow(self, container) -> int:
         """Stream the logs until the container ends. Ctrl-C sends SIGTERM (the runtime checkpoints, we keep
@@ -196,7 +265,8 @@ class DockerLauncher:
             signal.signal(signal.SIGINT, previous)
 
     def _container(self, run_id: str):
-        found = client().containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
+        """The run's trainer container (for several nodes: the Ray head, which runs the trainer)."""
+        found = [c for c in self._run_containers(client(), run_id) if c.labels.get(ROLE_LABEL) != "ray-worker"]
         if not found:
             raise LaunchError(f"no Docker container for run {run_id!r}: `verl-deploy runs` lists the runs")
         return found[0]
@@ -242,10 +312,14 @@ class DockerLauncher:
             yield chunk.decode(errors="replace")
 
     def stop(self, run_id: str) -> None:
+        """SIGTERM to the trainer first (it checkpoints), then to any Ray workers."""
         container = self._container(run_id)
         if container.status == "running":
             container.stop(timeout=STOP_GRACE_S)
+        for worker in self._run_containers(client(), run_id):
+            if worker.status == "running":
+                worker.stop(timeout=30)
 
     def list(self) -> list[RunStatus]:
         containers = client().containers.list(all=True, filters={"label": RUN_ID_LABEL})
-        return [self._status(c) for c in containers]
+        return [self._status(c) for c in containers if c.labels.get(ROLE_LABEL) != "ray-worker"]
