@@ -202,11 +202,16 @@ class DockerLauncher:
                                          "nodes": spec.nodes, "command": spec.train_args(),
                                          "secrets": list(spec.secrets)})
         try:
-            if spec.nodes > 1:
-                engine.networks.create(network_name(spec), driver="bridge", labels=dict(spec.labels))
-            for plan in plans(spec):
-                container = engine.containers.create(**container_options(spec, plan))
-                container.start()
+            try:
+                container = self._start(engine, spec, ulimits=True)
+            except docker.errors.APIError as exc:
+                if "rlimit" not in str(exc):
+                    raise
+                # Rootless or nested engines may not raise memlock/stack: run with the engine's own limits.
+                print("warning: this Docker engine cannot raise the memlock/stack ulimits; using its defaults",
+                      file=sys.stderr)
+                self._remove_all(engine, spec.run_id)
+                container = self._start(engine, spec, ulimits=False)
         except docker.errors.APIError as exc:
             self._remove_all(engine, spec.run_id)
             if fresh:  # leave no trace of a run that never started
@@ -220,6 +225,18 @@ class DockerLauncher:
         if detach:
             return 0
         return self._follow(container)  # the last one started: the trainer (or the Ray head running it)
+
+    def _start(self, engine, spec: JobSpec, ulimits: bool):
+        """Create and start the run's containers in order; the last one is the trainer."""
+        if spec.nodes > 1:
+            engine.networks.create(network_name(spec), driver="bridge", labels=dict(spec.labels))
+        for plan in plans(spec):
+            options = container_options(spec, plan)
+            if not ulimits:
+                del options["ulimits"]
+            container = engine.containers.create(**options)
+            container.start()
+        return container
 
     def _run_containers(self, engine, run_id: str) -> list:
         return engine.containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
