@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import statistics
 from pathlib import Path
 
 from _workload import SideRun, Workload, chat, prompt_texts
@@ -73,6 +74,8 @@ def run_ours(w: Workload, model_dir: str, total_steps: int, out_dir: Path) -> Si
         SingleControllerTrainer(config).fit()
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     steps = [m for m in map(json.loads, filter(None, lines)) if "timing_s/step" in m]
-    times = [s["timing_s/step"] for s in steps]
-    lengths = [s["response_length/mean"] for s in steps]
-    return SideRun(times, sum(lengths) / len(lengths))
+    return SideRun(
+        [s["timing_s/step"] for s in steps],
+        statistics.mean(s["response_length/mean"] for s in steps),
+        min(s["response_length/max"] for s in steps),
+    )

@@ -79,5 +79,9 @@ def run_trl(w: Workload, model_dir: str, total_steps: int, out_dir: str) -> Side
     )
     trainer.remove_callback(PrinterCallback)  # metrics are still logged every step, just not printed
     trainer.train()
-    lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-    return SideRun(timer.step_times, statistics.mean(lengths))
+    logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
+    return SideRun(
+        timer.step_times,
+        statistics.mean(h["completions/mean_length"] for h in logs),
+        min(h["completions/max_length"] for h in logs),
+    )

@@ -45,7 +45,9 @@ def chat(text: str) -> list[dict]:
 
 @dataclass
 class SideRun:
-    """What one trainer reports: the wall time of every step (warm-up included) and its mean response length."""
+    """What one trainer reports: the wall time of every step (warm-up included) and its response lengths
+    (mean, and the shortest per-step maximum: the padded length every step's generate and update ran over)."""
 
     step_times_s: list[float]
     response_length: float
+    padded_length: float

@@ -35,6 +35,7 @@ class Result:
     step_times_s: list[float]  # timed steps only
     tokens_per_step: int
     response_length: float  # mean over all steps, as the trainer itself reports it
+    padded_length: float  # the shortest step's longest response: every step generated and trained this far
 
     @property
     def median_s(self) -> float:
@@ -62,19 +63,18 @@ def run_side(side: str, w: Workload, model: str, steps: int, warmup: int, tmp: P
         run = run_ours(w, model, total, out)
     if len(run.step_times_s) != total:
         raise RuntimeError(f"{side}: expected {total} step times, got {len(run.step_times_s)}")
-    return Result(side, run.step_times_s[warmup:], w.tokens_per_step, run.response_length)
+    return Result(side, run.step_times_s[warmup:], w.tokens_per_step, run.response_length, run.padded_length)
 
 
 def render(w: Workload, results: list[Result], steps: int, warmup: int) -> str:
     lines = [
         f"preset {w.preset}: {w.prompts} prompts x {w.samples} samples x {w.new_tokens} tokens, {w.dtype} on "
         f"{w.device}; median of {steps} steps after {warmup} warm-up",
-        f"{'trainer':<18}{'s/step':>9}{'steps/s':>9}{'tokens/s':>10}{'resp len':>10}",
+        f"{'trainer':<18}{'s/step':>9}{'steps/s':>9}{'tokens/s':>10}{'len mean/pad':>14}",
     ]
     for r in results:
-        lines.append(
-            f"{SIDES[r.side]:<18}{r.median_s:>9.3f}{r.steps_per_s:>9.2f}{r.tokens_per_s:>10,.0f}{r.response_length:>10.1f}"
-        )
+        length = f"{r.response_length:.1f}/{r.padded_length:.0f}"
+        lines.append(f"{SIDES[r.side]:<18}{r.median_s:>9.3f}{r.steps_per_s:>9.2f}{r.tokens_per_s:>10,.0f}{length:>14}")
     by_side = {r.side: r for r in results}
     if len(by_side) == 2:
         lines.append(f"{'ratio ours/TRL':<18}{'':>9}{by_side['ours'].steps_per_s / by_side['trl'].steps_per_s:>9.2f}x")
