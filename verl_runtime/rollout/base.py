@@ -29,6 +29,8 @@ class RolloutBatch:
     responses: torch.Tensor  # [B, R]
     response_mask: torch.Tensor  # [B, R]: 1 up to and including the first EOS, 0 after
     prompt_length: int
+    # [B, R] the sampler's log-prob of each response token (0 where masked), from engines that report it
+    rollout_log_probs: torch.Tensor | None = None
 
 
 class RolloutEngine(Protocol):

@@ -1,0 +1,156 @@
+"""Built-in decoder: the same tokens as transformers' generate under greedy decoding, the sampler's log-probs, EOS
+stopping, seeds, and the compiled (static cache, bucketed) path."""
+
+import pytest
+import torch
+
+from verl_runtime.models import build_tiny_model, load_causal_lm, load_tokenizer, response_log_probs
+from verl_runtime.rollout import SamplingParams, make_rollout_engine
+from verl_runtime.rollout.builtin import BuiltinRolloutEngine, sample
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny"))
+    return load_causal_lm(path, None, "cpu"), load_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_opt(tmp_path_factory, tiny):
+    """A tiny OPT (learned absolute positions, another attention code path) with the tiny model's tokenizer."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    _, tokenizer = tiny
+    config = OPTConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
+        word_embed_proj_dim=32, max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("opt")
+    OPTForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return load_causal_lm(path, None, "cpu"), load_tokenizer(path)
+
+
+def _prompts(tokenizer):
+    return [tokenizer.encode("Q: 2+3=?\nA:"), tokenizer.encode("Hi"), tokenizer.encode("Count: 1 2 3")]
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "tiny_opt"])
+@pytest.mark.parametrize("static_cache", [False, True])
+def test_greedy_tokens_equal_transformers_generate(request, model_name, static_cache):
+    model, tokenizer = request.getfixturevalue(model_name)
+    params = SamplingParams(n=2, max_new_tokens=24, do_sample=False)
+    expected = make_rollout_engine("hf", model, tokenizer, "cpu").generate(_prompts(tokenizer), params)
+    batch = BuiltinRolloutEngine(model, tokenizer, "cpu", static_cache=static_cache).generate(_prompts(tokenizer), params)
+
+    assert torch.equal(batch.responses, expected.responses)
+    for name in ("input_ids", "attention_mask", "position_ids", "response_mask"):
+        assert torch.equal(getattr(batch, name), getattr(expected, name)), name
+    assert batch.prompt_length == expected.prompt_length
+
+
+def test_builtin_is_a_registered_engine(tiny):
+    model, tokenizer = tiny
+    engine = make_rollout_engine("builtin", model, tokenizer, "cpu")
+    assert isinstance(engine, BuiltinRolloutEngine) and not engine.compile  # eager on the CPU
+    engine.sync_weights(model)  # shares the actor's model object: nothing to copy
+    assert engine.model is model
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, -1, 1.0), (0.7, 20, 0.9)])
+def test_returned_log_probs_equal_the_trainers_recomputation(tiny, temperature, top_k, top_p):
+    model, tokenizer = tiny
+    params = SamplingParams(n=3, max_new_tokens=16, temperature=temperature, top_k=top_k, top_p=top_p, seed=5)
+    batch = make_rollout_engine("builtin", model, tokenizer, "cpu").generate(_prompts(tokenizer), params)
+    with torch.no_grad():
+        recomputed, _ = response_log_probs(
+            model, batch.input_ids, batch.attention_mask, batch.position_ids, 16, temperature=temperature
+        )
+    torch.testing.assert_close(batch.rollout_log_probs, recomputed * batch.response_mask, atol=1e-5, rtol=0)
+    assert (batch.rollout_log_probs[batch.response_mask == 0] == 0).all()
+
+
+def test_rows_stop_at_eos_and_the_loop_ends_when_all_have(tiny):
+    """Force EOS as the third token of the even rows; then force it everywhere: one forward, then no more."""
+    model, tokenizer = tiny
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    forwards = []
+
+    def force_eos(rows):
+        def hook(module, inputs, logits):
+            forwards.append(None)
+            if len(forwards) == 3 or rows == "all":  # the prefill's logits pick the first token
+                logits = logits.clone()
+                logits[(slice(0, None, 2) if rows == "even" else slice(None)), -1, eos] = 1e4
+            return logits
+
+        return model.get_output_embeddings().register_forward_hook(hook)
+
+    engine = make_rollout_engine("builtin", model, tokenizer, "cpu")
+    handle = force_eos("even")
+    try:
+        batch = engine.generate(_prompts(tokenizer), SamplingParams(n=2, max_new_tokens=7, seed=0))
+    finally:
+        handle.remove()
+    for row, (response, mask) in enumerate(zip(batch.responses.tolist(), batch.response_mask.tolist())):
+        if row % 2 == 0:
+            assert response[2] == eos and response[3:] == [pad] * 4
+            assert mask == [1, 1, 1, 0, 0, 0, 0]
+        elif eos in response:
+            first = response.index(eos)
+            assert response[first + 1 :] == [pad] * (6 - first)
+
+    forwards.clear()
+    handle = force_eos("all")
+    try:
+        batch = engine.generate(_prompts(tokenizer), SamplingParams(n=2, max_new_tokens=6, seed=0))
+    finally:
+        handle.remove()
+    assert len(forwards) == 1  # every row ended on the first token: no decode step ran
+    assert batch.responses.tolist() == [[eos] + [pad] * 5] * 6
+    assert batch.response_mask.tolist() == [[1] + [0] * 5] * 6
+
+
+def test_seeds_reproduce_and_leave_the_global_rng_alone(tiny):
+    model, tokenizer = tiny
+    engine = make_rollout_engine("builtin", model, tokenizer, "cpu")
+    prompts = _prompts(tokenizer)
+    seeded = SamplingParams(n=4, max_new_tokens=10, seed=7)
+    state = torch.get_rng_state()
+    a, b = engine.generate(prompts, seeded), engine.generate(prompts, seeded)
+    assert torch.equal(a.responses, b.responses)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert len({tuple(r) for r in a.responses[:4].tolist()}) > 1  # samples of one prompt differ
+    other = engine.generate(prompts, SamplingParams(n=4, max_new_tokens=10, seed=8))
+    assert not torch.equal(a.responses, other.responses)
+
+
+def test_sampling_filters():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).repeat(2000, 1)
+    generator = torch.Generator().manual_seed(0)
+    top1, _ = sample(logits, SamplingParams(top_k=1), generator)
+    assert (top1 == 3).all()
+    # Probabilities are .64, .24, .09, .03: the two likeliest are the fewest that reach p=0.7.
+    kept, _ = sample(logits, SamplingParams(top_p=0.7), generator)
+    assert set(kept.tolist()) == {2, 3}
+    greedy, log_probs = sample(logits[:1], SamplingParams(do_sample=False, temperature=0.5), generator)
+    assert greedy.tolist() == [3]
+    torch.testing.assert_close(log_probs, torch.log_softmax(logits[:1] / 0.5, -1)[:, 3])
+
+
+@pytest.mark.slow
+def test_compiled_path_pads_to_buckets_and_reuses_its_cache(tiny):
+    """The CUDA-graph path (torch.compile over a static cache; on the CPU without graphs): still HF's tokens, with
+    the batch padded to a bucket, and the same cache object (fixed addresses for the graphs) across calls."""
+    model, tokenizer = tiny
+    params = SamplingParams(n=1, max_new_tokens=12, do_sample=False)
+    expected = make_rollout_engine("hf", model, tokenizer, "cpu").generate(_prompts(tokenizer), params)
+    engine = BuiltinRolloutEngine(model, tokenizer, "cpu", compile=True)
+    first = engine.generate(_prompts(tokenizer), params)
+    cache = engine._cache
+    second = engine.generate(_prompts(tokenizer)[::-1], params)
+    assert torch.equal(first.responses, expected.responses)
+    assert torch.equal(second.responses, expected.responses.flip(0))
+    assert engine._cache is cache and cache.layers[0].keys.shape[0] == 8  # 3 rows padded to the bucket of 8

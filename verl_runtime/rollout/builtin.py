@@ -1,0 +1,185 @@
+"""The built-in decoder: our own decode loop over the model's forward, faster than transformers' generate.
+
+Prefill once, then one forward per token with a KV cache; sampling (temperature, top-k, top-p) runs batched on the
+device with a seeded generator; rows stop at EOS and the loop ends when every row has. Each sampled token's
+log-prob (log_softmax(logits / T), what ``models.response_log_probs`` recomputes) comes back with the batch.
+
+On CUDA the decode step runs as a CUDA graph: the model's forward is compiled once per run
+(``torch.compile(mode="reduce-overhead")``) over a static KV cache, with batch and cache length padded up to
+buckets so later calls reuse the captured graphs. On the CPU a dynamic cache without compilation is faster (the
+static cache attends over its whole preallocated length at every step).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad
+from verl_runtime.rollout.hf import eos_token_ids
+
+# Compiled shapes are padded up to these multiples, so a run captures a handful of graphs, not one per call.
+BATCH_BUCKET = 8
+LENGTH_BUCKET = 128
+
+
+class BuiltinRolloutEngine:
+    """Generates with the actor's own model object (colocated, like the HF engine), so sync_weights copies nothing.
+
+    compile: None picks CUDA graphs on CUDA and eager decoding elsewhere; True/False force it. Compiling implies the
+    static cache; static_cache=True alone runs the same cache eagerly (how the CPU tests check that path).
+    """
+
+    def __init__(self, model, tokenizer, device, compile: bool | None = None, static_cache: bool = False):
+        self.model = model
+        self.device = torch.device(device)
+        self.pad_id = tokenizer.pad_token_id
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.compile = self.device.type == "cuda" if compile is None else compile
+        self.static_cache = self.compile or static_cache
+        self._step = None  # the compiled forward, built on first use and kept for the run
+        self._cache = None  # the static KV cache of the last shape, reused so captured graphs stay valid
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
+        rows = [prompt for prompt in prompts for _ in range(params.n)]
+        prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
+        prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                responses, log_probs = self._decode(prompt_ids, prompt_mask, params)
+        finally:
+            self.model.train(was_training)
+        # Clone out of inference mode: the trainer feeds these ids to forward passes that need autograd.
+        batch = assemble_batch(prompt_ids, prompt_mask, responses.clone(), self.eos_ids)
+        batch.rollout_log_probs = log_probs.clone() * batch.response_mask
+        return batch
+
+    def sync_weights(self, model) -> None:
+        """Nothing to copy: generation runs on the trained model object itself (optimizer steps update the
+        parameters in place, which the captured CUDA graphs read)."""
+
+    def _decode(self, prompt_ids, prompt_mask, params: SamplingParams):
+        rows, prompt_length = prompt_ids.shape
+        width = rows
+        if self.static_cache:
+            # Pad the batch with copies of row 0 (a real prompt: an all-padding row would give NaN logits).
+            width = _round_up(rows, BATCH_BUCKET) if self.compile else rows
+            extra = width - rows
+            prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(extra, -1)])
+            prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(extra, -1)])
+        total = prompt_length + params.max_new_tokens
+        cache = self._kv_cache(width, _round_up(total, LENGTH_BUCKET) if self.compile else total)
+        cache_length = cache.get_max_length() if self.static_cache else total
+        # One mask for the whole run: generated tokens attend (1) and finished rows keep feeding pad tokens, as
+        # transformers' generate does; causality hides the not-yet-written slots.
+        mask = torch.ones(width, cache_length, dtype=torch.long, device=self.device)
+        mask[:, :prompt_length] = prompt_mask
+        positions = torch.clip(torch.cumsum(prompt_mask, dim=-1) - 1, min=0)
+        generator = _generator(params.seed, self.device)
+
+        logits = self.model(
+            input_ids=prompt_ids,
+            attention_mask=mask[:, : cache_length if self.static_cache else prompt_length],
+            position_ids=positions,
+            cache_position=torch.arange(prompt_length, device=self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        responses = torch.full((width, params.max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
+        log_probs = torch.zeros(width, params.max_new_tokens, device=self.device)
+        finished = torch.zeros(width, dtype=torch.bool, device=self.device)
+        eos = torch.tensor(self.eos_ids, device=self.device)
+        position = positions[:, -1:]
+        step = self._compiled_step() if self.compile else self.model
+        for t in range(params.max_new_tokens):
+            tokens, token_log_probs = sample(logits.float(), params, generator)
+            tokens = tokens.masked_fill(finished, self.pad_id)
+            responses[:, t] = tokens
+            log_probs[:, t] = token_log_probs
+            finished |= torch.isin(tokens, eos)
+            if t == params.max_new_tokens - 1 or bool(finished[:rows].all()):
+                break
+            position = position + 1
+            cursor = prompt_length + t
+            if self.compile:
+                torch.compiler.cudagraph_mark_step_begin()  # the previous step's logits are consumed
+            logits = step(
+                input_ids=tokens[:, None],
+                attention_mask=mask if self.static_cache else mask[:, : cursor + 1],
+                position_ids=position,
+                cache_position=torch.tensor([cursor], device=self.device),
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+        return responses[:rows], log_probs[:rows]
+
+    def _kv_cache(self, batch: int, length: int):
+        from transformers import DynamicCache, StaticCache
+
+        if not self.static_cache:
+            return DynamicCache(config=self.model.config)
+        cache = self._cache
+        if cache is not None and cache.get_max_length() == length and _cache_batch(cache) in (None, batch):
+            cache.reset()
+            return cache
+        self._cache = StaticCache(config=self.model.config, max_cache_len=length)
+        return self._cache
+
+    def _compiled_step(self):
+        if self._step is None:
+            # fullgraph: a graph break would split the CUDA graph and bring the per-step launch overhead back.
+            self._step = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
+        return self._step
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens [B] and their log-probs log_softmax(logits / T) [B], from fp32 logits [B, V].
+
+    Filtering follows transformers' order (temperature, top-k, top-p); the log-prob is of the temperature-scaled,
+    unfiltered distribution, as the trainer recomputes it. Greedy decoding reports the same quantity.
+    """
+    scaled = logits / params.temperature
+    if not params.do_sample:
+        tokens = scaled.argmax(dim=-1)
+    else:
+        filtered = _top_p(_top_k(scaled, params.top_k), params.top_p)
+        probs = torch.softmax(filtered, dim=-1)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, log_probs
+
+
+def _top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
+    if k <= 0 or k >= scores.shape[-1]:
+        return scores
+    kth = torch.topk(scores, k).values[..., -1:]
+    return scores.masked_fill(scores < kth, -float("inf"))
+
+
+def _top_p(scores: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches p (transformers' TopPLogitsWarper)."""
+    if p >= 1.0:
+        return scores
+    sorted_scores, order = torch.sort(scores, descending=False)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= (1 - p)
+    remove[..., -1:] = False  # always keep the most likely token
+    return scores.masked_fill(remove.scatter(-1, order, remove), -float("inf"))
+
+
+def _generator(seed: int | None, device: torch.device):
+    """A private seeded generator (the global RNG stays untouched), or None: the global RNG."""
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _cache_batch(cache) -> int | None:
+    layer = cache.layers[0]
+    return layer.keys.shape[0] if getattr(layer, "is_initialized", False) else None
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
