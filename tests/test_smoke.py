@@ -17,7 +17,7 @@ def smoke(*args):
 
 def assert_passed(result, tmp_path, target):
     assert result.exit_code == 0, result.output
-    line = result.output.strip().splitlines()[-1]
+    line = result.stdout.strip().splitlines()[-1]
     assert line.startswith(f"smoke PASS [{target}]") and "2-step training" in line
     summary = json.loads((tmp_path / "smoke.json").read_text())
     assert summary["passed"] is True and summary["steps"] == 2 and summary["line"] == line
@@ -36,9 +36,13 @@ def test_smoke_on_this_host(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.docker
-def test_smoke_in_the_cpu_image(tmp_path, cpu_image):
+def test_smoke_in_the_cpu_image(tmp_path, cpu_image, docker_client):
     result = smoke("--target", "docker", "--image", cpu_image, "--runs-dir", tmp_path / "runs",
                    "--json", tmp_path / "smoke.json", "--junit", tmp_path / "junit.xml")
+    run_id = json.loads((tmp_path / "smoke.json").read_text())["run_id"]
+    for container in docker_client.containers.list(all=True, filters={"label": f"verl-deploy.run-id={run_id}"}):
+        assert container.status == "exited"
+        container.remove()
     assert_passed(result, tmp_path, "docker")
 
 
