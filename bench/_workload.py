@@ -8,7 +8,7 @@ class Workload:
     preset: str
     prompts: int            # prompts per step
     samples: int            # completions per prompt (GRPO group size)
-    new_tokens: int         # every completion is exactly this long
+    new_tokens: int         # completion length: every step generates and trains this many tokens per sequence
     dtype: str              # "float32" | "bfloat16"
     device: str             # "cpu" | "cuda"
     micro_batch: int        # sequences per forward/backward pass (gradient accumulation up to the whole batch)

@@ -1,7 +1,7 @@
 """GRPO training speed, side by side: TRL's GRPOTrainer and verl_runtime on the same workload.
 
-Same model directory (same starting weights), prompts, samples per prompt, completion length (EOS suppressed
-until the last token on both sides), reward rule, learning rate, no KL term, one optimizer step per batch.
+Same model directory (same starting weights), prompts, samples per prompt, completion length, reward rule,
+learning rate, no KL term, one optimizer step per batch (bench/README.md says how each is matched).
 Each side runs warm-up + timed steps; the median timed step gives steps/s and generated tokens/s.
 
     python bench/grpo_vs_trl.py --preset cpu [--steps 5] [--warmup 2] [--only trl|ours] [--json FILE]
