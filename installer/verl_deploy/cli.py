@@ -274,7 +274,7 @@ def images_build(
     from verl_deploy.images.build import build
     from verl_deploy.images.registry import push as push_image
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     try:
         opts, notes = images.plan_build(
             variant, base_image=base_image, tag=tag, registry=registry, pip_index_url=pip_index_url,
@@ -303,7 +303,7 @@ def images_pull(
     from verl_deploy import images
     from verl_deploy.images.registry import pull
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     try:
         ref = tag or images.image_tag(images.resolve_variant(variant), registry)
         console.print(pull(ref, console))

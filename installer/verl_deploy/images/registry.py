@@ -54,12 +54,21 @@ class LayerBars:
         self.layers: dict[str, TaskID] = {}
         self.messages: list[str] = []
 
+    def __enter__(self) -> "LayerBars":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.layers:
+            self.progress.stop()
+
     def feed(self, event: dict) -> None:
         status, layer = event.get("status", ""), event.get("id")
-        if not layer or not status:
+        if not layer or not status or status.startswith(("Pulling from", "The push refers to")):
             if status:
                 self.messages.append(status)
             return
+        if not self.layers:
+            self.progress.start()  # only now: a failure before the first layer prints its one line alone
         if layer not in self.layers:
             self.layers[layer] = self.progress.add_task(status, layer=layer, total=None)
         task, detail = self.layers[layer], event.get("progressDetail") or {}
@@ -92,9 +101,8 @@ def _transfer(action: str, ref: str, console: Console) -> list[str]:
     api = engine(timeout=3600).api
     repository, tag = parse_repository_tag(ref)
     call = api.pull if action == "pull" else api.push
-    bars = LayerBars(console)
     try:
-        with bars.progress:
+        with LayerBars(console) as bars:
             for event in call(repository, tag=tag or "latest", stream=True, decode=True):
                 if "error" in event:
                     raise ImageError(explain(event["error"], ref, action))

@@ -1,0 +1,113 @@
+"""The cpu image built for real: on a base image made here (debootstrap + docker import), with torch from a
+local wheelhouse and everything else from the package index (through this machine's TLS-intercepting proxy,
+with the host's CA bundle handed to the build), through `verl-deploy images build`.
+
+A CUDA variant is built only on request: VERL_DEPLOY_BUILD_CUDA=1 (its torch download is GBs).
+"""
+
+import os
+import shutil
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from verl_deploy import __version__, compat
+from verl_deploy.cli import app
+from verl_deploy.images import context, plan_build
+from verl_deploy.images.build import build
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def sh(client, image, script: str, user: str | None = None) -> str:
+    """Run a shell script in a fresh container of image; its output."""
+    return client.containers.run(image, ["-c", script], entrypoint=["sh"], user=user, remove=True).decode()
+
+
+def test_image_runs_the_runtime_with_torch_from_the_wheelhouse(docker_client, cpu_image):
+    script = "import torch, verl_runtime; print(verl_runtime.__version__, torch.__version__)"
+    out = docker_client.containers.run(cpu_image, ["-c", script], entrypoint=["python"], remove=True)
+    assert out.decode().split() == [__version__, f"{compat.load_catalog()['cpu'].torch}+cpu"]
+
+
+def test_image_runs_as_a_non_root_user_in_workspace_with_a_writable_cache(docker_client, cpu_image):
+    out = sh(docker_client, cpu_image, 'id -u; pwd; echo "$HF_HOME"; touch "$HF_HOME/probe" && echo writable')
+    assert out.split() == ["1000", "/workspace", "/cache/huggingface", "writable"]
+
+
+def test_image_carries_labels_entrypoint_and_gpu_settings(docker_client, cpu_image):
+    config = docker_client.api.inspect_image(cpu_image)["Config"]
+    labels = config["Labels"]
+    assert labels["verl-deploy.variant"] == "cpu"
+    assert labels["verl-deploy.cuda"] == "none"
+    assert labels["verl-deploy.torch"] == compat.load_catalog()["cpu"].torch
+    assert labels["verl-deploy.runtime-version"] == __version__
+    assert labels["org.opencontainers.image.version"] == __version__
+    assert labels["org.opencontainers.image.base.name"] == "verl-deploy-test/bookworm-python:3.11"
+    assert config["Entrypoint"] == ["python", "-m", "verl_runtime"]
+    assert config["User"] == "1000:1000"
+    env = dict(item.split("=", 1) for item in config["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+
+
+def test_image_keeps_no_ca_bundle_pip_config_or_cache(docker_client, cpu_image):
+    config = docker_client.api.inspect_image(cpu_image)["Config"]
+    assert not [e for e in config["Env"] if e.startswith(("PIP_", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"))]
+    history = " ".join(layer["CreatedBy"] for layer in docker_client.api.history(cpu_image))
+    assert "extras" not in history and "ca-bundle" not in history
+    out = sh(docker_client, cpu_image, "ls -d /extras /etc/verl-deploy /root/.cache/pip /home/verl/.cache/pip 2>&1; "
+                                       "find / -xdev \\( -name pip.conf -o -name ca-bundle.pem \\) 2>/dev/null; exit 0", user="0")
+    assert out.count("No such file or directory") == 4, out
+
+
+def test_source_only_change_rebuilds_only_the_source_layers(docker_client, cpu_image, base_image, torch_wheelhouse,
+                                                             tmp_path, monkeypatch):
+    """Dependencies and torch come from the layer cache; the figure is printed (run with -s), not asserted."""
+    for source in context.SOURCES:
+        src, dest = context.REPO / source, tmp_path / source
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest)
+    with open(tmp_path / "verl_runtime" / "__init__.py", "a") as f:
+        f.write("# a source-only change\n")
+    monkeypatch.setattr(context, "REPO", tmp_path)
+    opts, _ = plan_build("cpu", base_image=base_image, wheelhouse=torch_wheelhouse, tag="verl-deploy-test:source-change")
+    console = Console(record=True, width=240)
+    try:
+        built = build(opts, console)
+    finally:
+        docker_client.images.remove("verl-deploy-test:source-change", noprune=False)
+    steps = [line for line in console.export_text().splitlines() if line.startswith("✓ Step")]
+    by_text = lambda text: next(line for line in steps if text in line)  # noqa: E731
+    assert by_text('pip install "torch==').endswith("cached")
+    assert by_text("RUN mkdir -p verl_runtime").endswith("cached")
+    assert by_text("COPY --from=deps /opt/venv /opt/venv").endswith("cached")
+    assert not by_text("--prefix /opt/project").endswith("cached")
+    print(f"\nsource-only rebuild of the cpu image: {built.seconds:.1f} s")
+
+
+def test_failing_build_shows_the_failing_step_and_exits_1(base_image):
+    result = CliRunner().invoke(app, [
+        "images", "build", "--variant", "cpu", "--base-image", base_image, "--tag", "verl-deploy-test:failing",
+        "--pip-index-url", "http://127.0.0.1:9/simple",
+    ])
+    assert result.exit_code == 1
+    assert "✗ Step 5/" in result.output and 'pip install "setuptools>=68" wheel' in result.output
+    # The tail of the step's log says why, then one summary line.
+    assert "127.0.0.1" in result.output
+    assert result.output.strip().splitlines()[-1].startswith("error: build failed at step 5/")
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.skipif(os.environ.get("VERL_DEPLOY_BUILD_CUDA") != "1", reason="set VERL_DEPLOY_BUILD_CUDA=1 to build a CUDA variant (GBs)")
+def test_cuda_variant_builds_on_request(docker_client, base_image):
+    name = os.environ.get("VERL_DEPLOY_CUDA_VARIANT", "cu128")
+    opts, _ = plan_build(name, base_image=base_image, tag=f"verl-deploy-test:{name}")
+    built = build(opts, Console(stderr=True))
+    labels = docker_client.api.inspect_image(built.tag)["Config"]["Labels"]
+    assert labels["verl-deploy.cuda"] == compat.load_catalog()[name].cuda
+    print(f"\n{name} image: {built.size / 1e9:.2f} GB, built in {built.seconds:.0f} s")
