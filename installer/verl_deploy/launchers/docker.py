@@ -223,8 +223,10 @@ class DockerLauncher:
                 ) from None
             raise LaunchError(f"container did not start: {(exc.explanation or str(exc)).splitlines()[0]}") from None
         if detach:
-            return 0
-        return self._follow(container)  # the last one started: the trainer (or the Ray head running it)
+            return 0  # detached Ray workers end on their own about a minute after the head
+        code = self._follow(container)  # the last one started: the trainer (or the Ray head running it)
+        self._stop_workers(engine, spec.run_id)
+        return code
 
     def _start(self, engine, spec: JobSpec, ulimits: bool):
         """Create and start the run's containers in order; the last one is the trainer."""
@@ -333,9 +335,12 @@ class DockerLauncher:
         container = self._container(run_id)
         if container.status == "running":
             container.stop(timeout=STOP_GRACE_S)
-        for worker in self._run_containers(client(), run_id):
-            if worker.status == "running":
-                worker.stop(timeout=30)
+        self._stop_workers(client(), run_id)
+
+    def _stop_workers(self, engine, run_id: str) -> None:
+        for worker in self._run_containers(engine, run_id):
+            if worker.status == "running" and worker.labels.get(ROLE_LABEL) == "ray-worker":
+                worker.kill()  # workers keep no state of the run: checkpoints are the trainer's, on the head
 
     def list(self) -> list[RunStatus]:
         containers = client().containers.list(all=True, filters={"label": RUN_ID_LABEL})
