@@ -41,6 +41,12 @@ class RolloutEngine(Protocol):
         """Make the engine generate with the given (just updated) policy weights."""
 
 
+def logprob_diff(rollout_log_probs: torch.Tensor, log_probs: torch.Tensor, response_mask: torch.Tensor) -> float:
+    """Mean |sampler - trainer| log-prob over the response tokens (the metric rollout/logprob_diff)."""
+    mask = response_mask.bool()
+    return (rollout_log_probs[mask] - log_probs[mask]).abs().mean().item() if mask.any() else 0.0
+
+
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts as a left-padded [B, P] id tensor and its attention mask."""
     width = max(len(p) for p in prompts)
