@@ -122,3 +122,18 @@ def test_prepare_gsm8k_writes_verl_layout(gsm8k_dir):
 
     row = pq.read_table(gsm8k_dir / "train.parquet").to_pylist()[0]
     assert row["data_source"] == "openai/gsm8k" and row["reward_model"]["ground_truth"] == "27"
+
+
+def test_out_of_memory_names_the_knobs(tmp_path, tiny_model_dir, gsm8k_dir, capsys):
+    # No GPU here: the reward function raises the error CUDA raises, from inside the training step.
+    reward = tmp_path / "oom.py"
+    reward.write_text(
+        "import torch\n"
+        "def compute_score(*args):\n"
+        "    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+    )
+    config = write_config(tmp_path / "c.yaml", tiny_model_dir, gsm8k_dir / "train.parquet",
+                          reward=f"{{function: '{reward}:compute_score'}}")
+    code, err = run_main(["train", str(config), "--set", "actor.ppo_micro_batch_size_per_gpu=2"], capsys)
+    assert_one_line_error(code, err, "out of GPU memory", "actor.ppo_micro_batch_size_per_gpu (now 2)",
+                          "data.max_response_length", "model.gradient_checkpointing=true")

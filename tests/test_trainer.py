@@ -170,3 +170,12 @@ def test_sigterm_saves_a_checkpoint_after_the_step_and_resume_continues(tmp_path
     assert "Resumed from" in resumed.stdout and "step 3/3" in resumed.stdout
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+
+def test_bf16_compute_keeps_fp32_weights(tiny_model_dir):
+    """As on a GPU: forward passes autocast to bf16, the trained weights and their updates stay fp32."""
+    trainer = trainer_for("ppo", tiny_model_dir, model__dtype="bfloat16")
+    output = trainer.step(SAMPLES)
+    assert math.isfinite(output["loss"])
+    assert {p.dtype for p in trainer.actor.workers[0].model.parameters()} == {torch.float32}
+    assert {p.dtype for p in trainer.critic.workers[0].model.parameters()} == {torch.float32}

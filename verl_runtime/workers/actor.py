@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 
@@ -12,7 +13,7 @@ from verl_runtime.algorithms import agg_loss, compute_policy_loss, kl_penalty, m
 from verl_runtime.config import Config
 from verl_runtime.controller import DP_SPLIT, RANK_ZERO, chunks, register
 from verl_runtime.errors import TrainingError
-from verl_runtime.models import load_causal_lm, response_log_probs
+from verl_runtime.models import load_causal_lm, resolve_dtype, response_log_probs
 from verl_runtime.rollout import SamplingParams, make_rollout_engine
 
 ROLLOUT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -21,8 +22,9 @@ ROLLOUT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "res
 class ActorWorker:
     def __init__(self, config: Config, tokenizer, device: torch.device):
         self.config = config
+        self.mixed_precision = mixed_precision(config.model.dtype, device)
         self.model = load_causal_lm(
-            config.model.path, config.model.dtype, device, gradient_checkpointing=config.model.gradient_checkpointing
+            config.model.path, torch.float32, device, gradient_checkpointing=config.model.gradient_checkpointing
         )
         disable_dropout(self.model)
         self.model.eval()  # train() only inside update(), which gradient checkpointing needs
@@ -34,14 +36,16 @@ class ActorWorker:
     @register(RANK_ZERO)
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
         """Sample responses: each prompt params.n times, samples of one prompt adjacent."""
-        rollout = self.rollout.generate(prompt_ids, params)
+        with self.mixed_precision():
+            rollout = self.rollout.generate(prompt_ids, params)
         return {key: getattr(rollout, key) for key in ROLLOUT_KEYS}
 
     @register(DP_SPLIT)
     def compute_log_prob(self, batch: dict) -> torch.Tensor:
         """Log-probs [B, R] of the responses under the current policy (PPO's "old" log-probs)."""
         size = self.config.rollout.log_prob_micro_batch_size_per_gpu
-        return log_probs(self.model, batch, size, self.config.rollout.temperature)
+        with self.mixed_precision():
+            return log_probs(self.model, batch, size, self.config.rollout.temperature)
 
     @register(DP_SPLIT)
     def update(self, batch: dict, mini_batch_size: int) -> dict[str, float]:
@@ -64,10 +68,11 @@ class ActorWorker:
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in chunks(mini, cfg.ppo_micro_batch_size_per_gpu or mini_batch_size):
                     mask = micro["response_mask"]
-                    log_prob, entropy = response_log_probs(
-                        self.model, micro["input_ids"], micro["attention_mask"], micro["position_ids"],
-                        response_length, temperature=self.config.rollout.temperature, with_entropy=True,
-                    )
+                    with self.mixed_precision():
+                        log_prob, entropy = response_log_probs(
+                            self.model, micro["input_ids"], micro["attention_mask"], micro["position_ids"],
+                            response_length, temperature=self.config.rollout.temperature, with_entropy=True,
+                        )
                     old_log_prob = log_prob.detach() if on_policy else micro["old_log_prob"]
                     pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
                         old_log_prob, log_prob, micro["advantages"], mask,
@@ -134,6 +139,15 @@ def log_probs(model: nn.Module, batch: dict, micro_batch_size: int, temperature:
         ]
         result = torch.cat(parts)
     return result.clone()  # an ordinary tensor, usable in the loss
+
+
+def mixed_precision(dtype: str, device: torch.device):
+    """A context for forward passes of trained models, whose weights stay fp32 (an update of lr 1e-6 would vanish in
+    bf16 weights): autocast to model.dtype where that is lower (auto: bf16 on CUDA), else nothing."""
+    compute = resolve_dtype(dtype, device)
+    if compute == torch.float32:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device.type, dtype=compute)
 
 
 def disable_dropout(model: nn.Module) -> None:

@@ -13,14 +13,15 @@ from verl_runtime.config import Config
 from verl_runtime.controller import DP_SPLIT, RANK_ZERO, chunks, register
 from verl_runtime.errors import TrainingError
 from verl_runtime.models import load_value_model, response_values
-from verl_runtime.workers.actor import disable_dropout
+from verl_runtime.workers.actor import disable_dropout, mixed_precision
 
 
 class CriticWorker:
     def __init__(self, config: Config, device: torch.device):
         self.config = config
+        self.mixed_precision = mixed_precision(config.model.dtype, device)
         self.model = load_value_model(
-            config.critic.model_path or config.model.path, config.model.dtype, device,
+            config.critic.model_path or config.model.path, torch.float32, device,
             gradient_checkpointing=config.model.gradient_checkpointing,
         )
         disable_dropout(self.model)
@@ -30,9 +31,11 @@ class CriticWorker:
         )
 
     def _values(self, batch: dict) -> torch.Tensor:
-        return response_values(
-            self.model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"].shape[1]
-        ).float()
+        with self.mixed_precision():
+            values = response_values(
+                self.model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"].shape[1]
+            )
+        return values.float()
 
     @register(DP_SPLIT)
     def compute_values(self, batch: dict) -> torch.Tensor:
