@@ -93,13 +93,17 @@ class RefConfig:
 
 @dataclass
 class RolloutConfig:
-    name: str = "hf"
+    name: str = "hf"  # hf (transformers generate) | builtin (our decode loop, CUDA graphs on GPU) | vllm
     n: int = 1  # samples per prompt
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
     do_sample: bool = True
     log_prob_micro_batch_size_per_gpu: int = 16
+    # vllm only (verl's names): GPU memory share for weights + KV cache, tensor-parallel GPUs, KV cache freed while training
+    gpu_memory_utilization: float = 0.5
+    tensor_model_parallel_size: int = 1
+    enable_sleep_mode: bool = True
 
 
 @dataclass
@@ -277,7 +281,7 @@ def validate(config: Config) -> None:
     _check_choice("model.dtype", config.model.dtype, ("auto", "float32", "bfloat16", "float16"))
     _check_choice("trainer.device", config.trainer.device, ("auto", "cpu", "cuda"))
     _check_choice("trainer.resume", config.trainer.resume, ("auto", "disable"))
-    _check_choice("rollout.name", config.rollout.name, ("hf", "vllm"))
+    _check_choice("rollout.name", config.rollout.name, ("hf", "builtin", "vllm"))
 
     positive = {
         "data.batch_size": config.data.batch_size,

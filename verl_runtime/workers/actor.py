@@ -31,7 +31,14 @@ class ActorWorker:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.actor.lr, weight_decay=config.actor.weight_decay
         )
-        self.rollout = make_rollout_engine(config.rollout.name, self.model, tokenizer, device)
+        options = {}
+        if config.rollout.name == "vllm":
+            options = {
+                "gpu_memory_utilization": config.rollout.gpu_memory_utilization,
+                "tensor_parallel_size": config.rollout.tensor_model_parallel_size,
+                "enable_sleep_mode": config.rollout.enable_sleep_mode,
+            }
+        self.rollout = make_rollout_engine(config.rollout.name, self.model, tokenizer, device, **options)
 
     @register(RANK_ZERO)
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
@@ -109,6 +116,7 @@ class ActorWorker:
                     stats[key].append(value)
                 stats["actor/grad_norm"].append(float(grad_norm))
         self.model.eval()
+        self.rollout.sync_weights(self.model)  # engines with their own copy of the weights (vLLM) need the update
         metrics = {key: sum(v) / len(v) for key, v in stats.items()}
         metrics["actor/lr"] = cfg.lr
         if cfg.use_kl_loss:
