@@ -111,3 +111,28 @@ def test_cuda_variant_builds_on_request(docker_client, base_image):
     labels = docker_client.api.inspect_image(built.tag)["Config"]["Labels"]
     assert labels["verl-deploy.cuda"] == compat.load_catalog()[name].cuda
     print(f"\n{name} image: {built.size / 1e9:.2f} GB, built in {built.seconds:.0f} s")
+
+
+def test_keep_ca_bundle_leaves_it_in_the_image_and_trusted(docker_client, cpu_image, base_image, torch_wheelhouse):
+    found = context.host_ca_bundle()
+    if found is None:
+        pytest.skip("no host CA bundle (PIP_CERT): another bundle would rebuild every layer")
+    bundle = found[0]
+    tag = "verl-deploy-test:with-ca"
+    result = CliRunner().invoke(app, [
+        "images", "build", "--variant", "cpu", "--base-image", base_image, "--wheelhouse", str(torch_wheelhouse),
+        "--ca-bundle", str(bundle), "--keep-ca-bundle", "--tag", tag,
+    ])
+    assert result.exit_code == 0, result.output
+    try:
+        out = sh(docker_client, tag, 'echo "$SSL_CERT_FILE $REQUESTS_CA_BUNDLE"; cat "$SSL_CERT_FILE" | wc -c')
+        assert out.split() == ["/etc/verl-deploy/ca-bundle.pem"] * 2 + [str(bundle.stat().st_size)]
+    finally:
+        docker_client.images.remove(tag)
+
+
+def test_list_shows_the_built_image_and_that_it_runs_here(cpu_image):
+    result = CliRunner().invoke(app, ["images", "list"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    cpu_row = next(line for line in result.output.splitlines() if line.startswith("│ cpu "))
+    assert cpu_image in cpu_row and " GB " in cpu_row and "yes" in cpu_row
