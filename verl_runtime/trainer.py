@@ -100,37 +100,21 @@ class SingleControllerTrainer:
                     batch.update(prompt_fields(prompts, cfg.rollout.n))
                     with timer("reward", timing):
                         scores = self.reward.score(batch)
-                    try:
+                    with stopped_at(step, run_dir):
                         metrics = self._update(batch, scores, timing, mini)
-                    except TrainingError as exc:
-                        kept = latest_checkpoint(run_dir)
-                        kept = f"the last checkpoint {kept} is kept" if kept else "no checkpoint was written yet"
-                        raise TrainingError(f"step {step}: {exc}; training stopped, {kept}") from None
-
                     if val and cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or step == total):
                         with timer("testing", timing):
                             metrics.update(self.validate(val))
+
                     timing["step"] = time.perf_counter() - started
-                    metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
-                    tokens = int(batch["attention_mask"].sum())
-                    metrics.update({
-                        "training/global_step": step,
-                        "training/epoch": epoch,
-                        "perf/total_num_tokens": tokens,
-                        "perf/time_per_step": timing["step"],
-                        "perf/throughput": tokens / timing["step"],
-                    })
+                    metrics.update(step_metrics(step, epoch, batch, timing))
                     writer.log(step, metrics)
                     print(format_console_line(step, total, metrics), flush=True)
                     self.global_step = step
-
                     if step == total or stop.signum or (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0):
                         self.save(run_dir, step)
                     if stop.signum:
-                        name = signal.Signals(stop.signum).name
-                        print(f"[INFO] {name}: stopped after step {step}; the checkpoint is saved, "
-                              "run again with trainer.resume=auto to continue", flush=True)
-                        raise KeyboardInterrupt if stop.signum == signal.SIGINT else SystemExit(128 + stop.signum)
+                        stop.exit_after(step)
         finally:
             writer.close()
         print(f"[INFO] Training finished at step {total}; run directory {run_dir}", flush=True)
@@ -324,6 +308,30 @@ def data_metrics(batch: dict, scores: torch.Tensor, rewards: torch.Tensor, max_p
     return metrics
 
 
+def step_metrics(step: int, epoch: int, batch: dict, timing: dict[str, float]) -> dict[str, float]:
+    """Timings, throughput and position of one step (verl's timing_s/*, perf/*, training/*)."""
+    tokens = int(batch["attention_mask"].sum())
+    return {
+        **{f"timing_s/{name}": seconds for name, seconds in timing.items()},
+        "training/global_step": step,
+        "training/epoch": epoch,
+        "perf/total_num_tokens": tokens,
+        "perf/time_per_step": timing["step"],
+        "perf/throughput": tokens / timing["step"],
+    }
+
+
+@contextlib.contextmanager
+def stopped_at(step: int, run_dir):
+    """Say at which step training stopped, and which checkpoint is left, when an update fails (e.g. a NaN loss)."""
+    try:
+        yield
+    except TrainingError as exc:
+        kept = latest_checkpoint(run_dir)
+        kept = f"the last checkpoint {kept} is kept" if kept else "no checkpoint was written yet"
+        raise TrainingError(f"step {step}: {exc}; training stopped, {kept}") from None
+
+
 @contextlib.contextmanager
 def timer(name: str, timing: dict):
     started = time.perf_counter()
@@ -333,6 +341,15 @@ def timer(name: str, timing: dict):
 
 class _StopRequest:
     signum: int | None = None
+
+    def exit_after(self, step: int) -> None:
+        """Leave the loop as the signal asked (its checkpoint is saved): KeyboardInterrupt, or exit 128 + signum."""
+        name = signal.Signals(self.signum).name
+        print(f"[INFO] {name}: stopped after step {step}; the checkpoint is saved, "
+              "run again with trainer.resume=auto to continue", flush=True)
+        if self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + self.signum)
 
 
 @contextlib.contextmanager
