@@ -138,7 +138,7 @@ def test_keep_ca_bundle_builds_the_stage_that_trusts_it(tmp_path):
 
 
 def test_runtime_stage_copies_nothing_from_the_build_extras():
-    """The CA bundle, pip.conf and wheelhouse live in /extras of the builder; only runtime-with-ca takes the
+    """The CA bundle, pip.conf and wheelhouse live in /extras of the deps stage; only runtime-with-ca takes the
     bundle from there."""
     stages = re.split(r"^FROM ", DOCKERFILE.read_text(), flags=re.M)
     runtime = next(s for s in stages if s.startswith("${BASE_IMAGE} AS runtime"))
@@ -216,3 +216,9 @@ def test_auto_is_cpu_on_a_host_without_nvidia_gpu():
 def test_unknown_variant_is_an_image_error():
     with pytest.raises(ImageError, match="unknown variant"):
         plan_build("tpu", env={})
+
+
+def test_pull_without_a_registry_says_where_images_come_from():
+    result = CliRunner().invoke(app, ["images", "pull", "--variant", "cpu"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: no registry publishes verl-deploy images: pass --registry")

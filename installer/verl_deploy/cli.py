@@ -305,7 +305,7 @@ def images_pull(
 
     console = Console(highlight=False, soft_wrap=True)
     try:
-        ref = tag or images.image_tag(images.resolve_variant(variant), registry)
+        ref = images.pull_ref(variant, registry, tag)
         console.print(pull(ref, console))
     except images.ImageError as exc:
         raise _image_error(exc) from None

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from verl_deploy.images.context import BuildOptions, ImageError, build_defaults, host_ca_bundle, image_tag, variant
 
-__all__ = ["BuildOptions", "ImageError", "ensure", "image_tag", "plan_build", "resolve_variant"]
+__all__ = ["BuildOptions", "ImageError", "ensure", "image_tag", "plan_build", "pull_ref", "resolve_variant"]
 
 
 def resolve_variant(name: str) -> str:
@@ -70,6 +70,16 @@ def plan_build(
         no_cache=no_cache,
     )
     return opts, notes
+
+
+def pull_ref(variant_name: str, registry: str | None, tag: str | None) -> str:
+    """What `images pull` pulls: --tag as given, else the variant's tag in --registry (there is no default one)."""
+    if tag:
+        return tag
+    if not registry:
+        raise ImageError("no registry publishes verl-deploy images: pass --registry HOST[:PORT] (where you pushed "
+                         "them) or --tag REF, or build one: verl-deploy images build --variant V")
+    return image_tag(resolve_variant(variant_name), registry)
 
 
 def ensure(variant_name: str, console: Console | None = None) -> str:

@@ -22,7 +22,7 @@ DOCKERFILE = DOCKER_DIR / "Dockerfile"
 # The project files an image needs, relative to the repository root.
 SOURCES = ("pyproject.toml", "installer/constraints.txt", "verl_runtime", "installer/verl_deploy")
 SKIPPED = ("__pycache__", ".pyc", ".egg-info")
-# Where the build-only extras sit in the builder stage (see docker/Dockerfile).
+# Where the build-only extras sit in the deps stage (see docker/Dockerfile).
 EXTRAS = "/extras"
 
 
@@ -95,7 +95,7 @@ def torch_index(opts: BuildOptions) -> str | None:
 
 
 def pip_config(opts: BuildOptions, for_torch: bool = False) -> str:
-    """pip.conf for the builder stage. Indexes live here, not in build args, so that a mirror URL with a token
+    """pip.conf for the deps stage. Indexes live here, not in build args, so that a mirror URL with a token
     in it never shows in an image's history."""
     extra = list(opts.pip_extra_index_urls)
     if for_torch and torch_index(opts):
