@@ -167,15 +167,15 @@ def _gpu_error(exc) -> bool:
 
 
 def _prepare_run_dir(spec: JobSpec) -> None:
-    """Create the host directories before Docker would (as root) and hand them to the container's user."""
-    spec.run_dir.mkdir(parents=True, exist_ok=True)
-    if spec.hf_cache:
-        spec.hf_cache.mkdir(parents=True, exist_ok=True)
-    if os.getuid() == 0:  # files of a root caller belong to the container's non-root user
-        uid, gid = (int(part) for part in spec.user.split(":"))
-        os.chown(spec.run_dir, uid, gid)
-        if spec.hf_cache:
-            os.chown(spec.hf_cache, uid, gid)
+    """Create the host directories before Docker would (as root); a root caller hands the ones it creates to the
+    container's non-root user. Existing directories are left as they are."""
+    for directory in (spec.run_dir, spec.hf_cache):
+        if directory is None or directory.exists():
+            continue
+        directory.mkdir(parents=True)
+        if os.getuid() == 0:
+            uid, gid = (int(part) for part in spec.user.split(":"))
+            os.chown(directory, uid, gid)
 
 
 class DockerLauncher:
