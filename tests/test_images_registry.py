@@ -1,14 +1,18 @@
 """Push to and pull from a real registry (Debian's docker-registry on 127.0.0.1, which the engine treats as
 insecure-allowed), with the per-layer progress and the one-line failures checked."""
 
+import base64
 import io
+import json
 import os
 import shutil
 import socket
 import subprocess
 import tarfile
 import time
+import urllib.error
 import urllib.request
+import warnings
 
 import pytest
 from typer.testing import CliRunner
@@ -26,30 +30,67 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    """A real registry on 127.0.0.1:<free port>, for this module."""
+def serve_registry(root, auth: str = ""):
+    """Start Debian's docker-registry on 127.0.0.1:<free port> storing under root; (address, process)."""
     exe = shutil.which("docker-registry") or "/usr/bin/docker-registry"
     require(os.access(exe, os.X_OK), "docker-registry is missing (.ci/services.sh installs it)")
-    root, port = tmp_path_factory.mktemp("registry"), free_port()
+    port = free_port()
     config = root / "config.yml"
     config.write_text(
         f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n{auth}"
     )
     with open(root / "registry.log", "wb") as log:
         server = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        for _ in range(50):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(10)
+    for _ in range(50):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
+            break
+        except urllib.error.HTTPError:  # 401 from a registry that wants credentials: it is up
+            break
+        except OSError:
+            time.sleep(0.2)
+    return f"127.0.0.1:{port}", server
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    """A real registry, open to all, for this module."""
+    address, server = serve_registry(tmp_path_factory.mktemp("registry"))
+    yield address
+    server.terminate()
+    server.wait(10)
+
+
+USER, PASSWORD = "verl", "s3cret-for-tests"
+
+
+@pytest.fixture(scope="module")
+def private_registry(tmp_path_factory):
+    """A real registry that wants a user and password (htpasswd, bcrypt)."""
+    with warnings.catch_warnings():  # crypt (libxcrypt's bcrypt, as htpasswd -B writes it) is deprecated in 3.11
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+
+    root = tmp_path_factory.mktemp("private-registry")
+    (root / "htpasswd").write_text(f"{USER}:{crypt.crypt(PASSWORD, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+    auth = f"auth:\n  htpasswd:\n    realm: verl-deploy-test\n    path: {root}/htpasswd\n"
+    address, server = serve_registry(root, auth)
+    yield address
+    server.terminate()
+    server.wait(10)
+
+
+def small_image(client, ref: str) -> None:
+    """A one-layer image of 3 MB of random bytes (incompressible: a pull has something to count), tagged ref."""
+    payload = io.BytesIO()
+    with tarfile.open(fileobj=payload, mode="w") as tar:
+        data = os.urandom(3 << 20)
+        info = tarfile.TarInfo("payload.bin")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    repository, tag = ref.rsplit(":", 1)
+    client.api.import_image_from_data(payload.getvalue(), repository=repository, tag=tag)
 
 
 def verl_deploy(*args: str):
@@ -76,13 +117,7 @@ def test_build_push_then_pull_back(docker_client, cpu_image, base_image, torch_w
 
 def test_pull_shows_a_bar_per_downloaded_layer(docker_client, registry):
     ref = f"{registry}/verl-deploy-test/layers:1"
-    payload = io.BytesIO()
-    with tarfile.open(fileobj=payload, mode="w") as tar:
-        data = os.urandom(3 << 20)  # incompressible: the pull has something to count
-        info = tarfile.TarInfo("payload.bin")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    docker_client.api.import_image_from_data(payload.getvalue(), repository=ref.rsplit(":", 1)[0], tag="1")
+    small_image(docker_client, ref)
     assert '"error"' not in docker_client.images.push(ref)
     docker_client.images.remove(ref)
 
@@ -108,3 +143,26 @@ def test_unreachable_registry_is_one_line():
     assert result.exit_code == 1
     assert result.output.startswith("error: cannot reach registry 127.0.0.1:")
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_private_registry_takes_credentials_from_the_docker_config(docker_client, private_registry, tmp_path,
+                                                                   monkeypatch):
+    ref = f"{private_registry}/verl-deploy-test/private:1"
+    small_image(docker_client, ref)
+    assert '"error"' not in docker_client.images.push(ref, auth_config={"username": USER, "password": PASSWORD})
+    docker_client.images.remove(ref)
+
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no credentials for it yet
+    refused = verl_deploy("images", "pull", "--tag", ref)
+    assert refused.exit_code == 1
+    assert refused.output.strip() == (
+        f"error: pull {ref}: registry {private_registry} refused access: run `docker login {private_registry}` "
+        "with an account that may pull it"
+    )
+
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    (tmp_path / "config.json").write_text(json.dumps({"auths": {private_registry: {"auth": token}}}))
+    pulled = verl_deploy("images", "pull", "--tag", ref)
+    assert pulled.exit_code == 0, pulled.output
+    assert "Pull complete" in pulled.output
+    docker_client.images.remove(ref)
