@@ -136,3 +136,10 @@ def test_list_shows_the_built_image_and_that_it_runs_here(cpu_image):
     assert result.exit_code == 0
     cpu_row = next(line for line in result.output.splitlines() if line.startswith("│ cpu "))
     assert cpu_image in cpu_row and " GB " in cpu_row and "yes" in cpu_row
+
+
+def test_missing_base_image_is_one_line_naming_it(docker_client):
+    result = CliRunner().invoke(app, ["images", "build", "--variant", "cpu", "--base-image", "verl-deploy-test/none:1"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1].startswith(
+        "error: base image verl-deploy-test/none:1 is not on this host and could not be pulled (")

@@ -124,7 +124,7 @@ def build(opts: BuildOptions, console: Console) -> Built:
                 )
                 last_line.plain = log.current.log[-1] if log.current.log else ""
     if log.error:
-        raise _failure(log, console)
+        raise _failure(log, console, opts.base_image)
     image = api.inspect_image(opts.tag)
     return Built(opts.tag, image["Id"], image["Size"], time.monotonic() - started)
 
@@ -134,10 +134,13 @@ def _step_line(step: Step) -> str:
     return f"[green]✓[/] Step {step.number}/{step.total} {escape(_short(step.instruction, 90))} [dim]{when}[/]"
 
 
-def _failure(log: BuildLog, console: Console) -> BuildFailed:
+def _failure(log: BuildLog, console: Console, base_image: str) -> BuildFailed:
     step = log.current
     if step is None:
         return BuildFailed(f"build failed before its first step: {log.error}")
+    if step.instruction.startswith("FROM ${BASE_IMAGE}"):
+        return BuildFailed(f"base image {base_image} is not on this host and could not be pulled ({log.error}): "
+                           "pull it, or pass --base-image IMAGE that this engine has")
     console.print(f"[red]✗ Step {step.number}/{step.total} {escape(_short(step.instruction, 90))}[/]", soft_wrap=True)
     for line in step.log[-TAIL_LINES:]:
         console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
