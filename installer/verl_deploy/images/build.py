@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rich.console import Console, Group
@@ -41,7 +42,7 @@ class Step:
 class BuildLog:
     """Folds the classic builder's decoded JSON stream into steps and their log lines."""
 
-    clock: object = time.monotonic
+    clock: Callable[[], float] = time.monotonic
     steps: list[Step] = field(default_factory=list)
     image_id: str | None = None
     error: str | None = None
@@ -98,6 +99,8 @@ class Built:
 
 def build(opts: BuildOptions, console: Console) -> Built:
     """Build opts.variant as opts.tag; BuildFailed after showing the failing step and the tail of its log."""
+    import docker
+
     check(opts)
     api = engine(timeout=3600).api
     log, started = BuildLog(), time.monotonic()
@@ -114,7 +117,7 @@ def build(opts: BuildOptions, console: Console) -> Built:
             fileobj=context, custom_context=True, tag=opts.tag, buildargs=build_args(opts), target=target(opts),
             nocache=opts.no_cache, rm=True, forcerm=True, decode=True,
         )
-        for event in stream:
+        for event in _events(stream, docker.errors.APIError):
             for finished in log.feed(event):
                 console.print(_step_line(finished), soft_wrap=True)
             if log.current:
@@ -127,6 +130,14 @@ def build(opts: BuildOptions, console: Console) -> Built:
         raise _failure(log, console, opts.base_image)
     image = api.inspect_image(opts.tag)
     return Built(opts.tag, image["Id"], image["Size"], time.monotonic() - started)
+
+
+def _events(stream, api_error: type[Exception]):
+    """The engine's events; an API error (a Dockerfile it cannot parse, a bad target) as an error event."""
+    try:
+        yield from stream
+    except api_error as exc:
+        yield {"error": str(getattr(exc, "explanation", None) or exc)}
 
 
 def _step_line(step: Step) -> str:
