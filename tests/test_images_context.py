@@ -222,3 +222,12 @@ def test_pull_without_a_registry_says_where_images_come_from():
     result = CliRunner().invoke(app, ["images", "pull", "--variant", "cpu"])
     assert result.exit_code == 1
     assert result.output.startswith("error: no registry publishes verl-deploy images: pass --registry")
+
+
+def test_host_mirrors_carry_over_unless_given():
+    env = {"PIP_INDEX_URL": "https://mirror.example/simple", "PIP_EXTRA_INDEX_URL": "https://a.example https://b.example"}
+    opts, notes = plan_build("cpu", env=env)
+    assert opts.pip_index_url == "https://mirror.example/simple"
+    assert opts.pip_extra_index_urls == ("https://a.example", "https://b.example")
+    assert any("PIP_INDEX_URL" in n for n in notes) and not any("mirror.example" in n for n in notes)
+    assert plan("cpu", env=env, pip_index_url="https://other.example/simple").pip_index_url == "https://other.example/simple"

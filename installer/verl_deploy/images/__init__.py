@@ -50,10 +50,18 @@ def plan_build(
 ) -> tuple[BuildOptions, list[str]]:
     """The options of one build and notes for the user (which CA bundle, which variant `auto` chose)."""
     notes = []
+    env = os.environ if env is None else env
     name = resolve_variant(variant_name)
     if variant_name == "auto":
         notes.append(f"variant auto: {name} (what this host's driver and GPUs run best)")
-    if ca_bundle is None and (found := host_ca_bundle(os.environ if env is None else env)):
+    # This host's pip settings carry over into the build unless told otherwise: mirrors, then the CA bundle.
+    if pip_index_url is None and env.get("PIP_INDEX_URL"):
+        pip_index_url = env["PIP_INDEX_URL"]
+        notes.append("using this host's package index (from PIP_INDEX_URL) inside the build")
+    if not pip_extra_index_urls and env.get("PIP_EXTRA_INDEX_URL"):
+        pip_extra_index_urls = tuple(env["PIP_EXTRA_INDEX_URL"].split())
+        notes.append("using this host's extra package indexes (from PIP_EXTRA_INDEX_URL) inside the build")
+    if ca_bundle is None and (found := host_ca_bundle(env)):
         ca_bundle = found[0]
         notes.append(f"using this host's CA bundle {found[0]} (from {found[1]}) for pip inside the build; "
                      f"it stays out of the image{'' if keep_ca_bundle else ' (--keep-ca-bundle keeps it)'}")
