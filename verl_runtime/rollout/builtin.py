@@ -130,7 +130,8 @@ class BuiltinRolloutEngine:
     def _compiled_step(self):
         if self._step is None:
             # fullgraph: a graph break would split the CUDA graph and bring the per-step launch overhead back.
-            self._step = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
+            # dynamic=False: one static graph per bucket shape, never a shape-generic one.
+            self._step = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
         return self._step
 
 

