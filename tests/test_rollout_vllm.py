@@ -6,7 +6,8 @@ import torch
 from conftest import require
 from vllm_support import VLLM_INSTALLED, VLLM_MISSING, build_vllm_tiny_model
 
-from verl_runtime.models import load_causal_lm, load_tokenizer, response_log_probs
+from verl_runtime.errors import ConfigError
+from verl_runtime.models import build_tiny_model, load_causal_lm, load_tokenizer, response_log_probs
 from verl_runtime.rollout import SamplingParams, make_rollout_engine
 from verl_runtime.rollout.base import logprob_diff
 
@@ -91,3 +92,10 @@ def test_updated_weights_reach_vllm_after_sync(setup):
             model, sampled.input_ids, sampled.attention_mask, sampled.position_ids, 16
         )
     torch.testing.assert_close(sampled.rollout_log_probs, recomputed * sampled.response_mask, atol=1e-4, rtol=0)
+
+
+def test_a_head_size_vllm_cpu_cannot_serve_is_a_config_error(tmp_path):
+    require(VLLM_INSTALLED, VLLM_MISSING)
+    path = build_tiny_model(tmp_path)  # builtin:tiny: head_dim 16
+    with pytest.raises(ConfigError, match=r"head size .* this model's is 16: set rollout.name=builtin"):
+        make_rollout_engine("vllm", load_causal_lm(path, None, "cpu"), load_tokenizer(path), "cpu")

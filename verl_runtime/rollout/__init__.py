@@ -10,7 +10,7 @@ ENGINES = ("hf", "builtin", "vllm")
 def make_rollout_engine(name: str, model, tokenizer, device, **options) -> RolloutEngine:
     """The rollout engine called name, generating with model (the actor's policy).
 
-    options go to the vLLM engine (gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode); the colocated
+    options go to the vLLM engine (gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, dtype); the colocated
     engines take none.
     """
     if name == "hf":

