@@ -81,6 +81,10 @@ class SingleControllerTrainer:
         )
         mini = mini_batch_size(cfg) * cfg.rollout.n  # samples per optimizer step
         start = self.resume(run_dir) if cfg.trainer.resume == "auto" else 0
+        if start >= total:
+            print(f"[INFO] {run_dir} already finished step {start} of {total}: nothing to do (to train again, set "
+                  "trainer.resume=disable or another trainer.experiment_name)", flush=True)
+            return
         print(f"[INFO] {len(train)} training prompts, {steps_per_epoch} steps per epoch; steps {start + 1}..{total}"
               f" -> {run_dir}", flush=True)
         writer = MetricsWriter(run_dir, tensorboard=cfg.trainer.tensorboard, truncate_after=start)
