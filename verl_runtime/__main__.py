@@ -79,8 +79,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 class _Tee:
+    """A console stream that also writes to the run's log; everything else (fileno, encoding, ...) is the console's."""
+
     def __init__(self, *streams):
         self.streams = streams
+
+    def __getattr__(self, name):
+        return getattr(self.streams[0], name)
 
     def write(self, text: str) -> int:
         for stream in self.streams:
@@ -90,9 +95,6 @@ class _Tee:
     def flush(self) -> None:
         for stream in self.streams:
             stream.flush()
-
-    def isatty(self) -> bool:
-        return self.streams[0].isatty()
 
 
 @contextlib.contextmanager
