@@ -37,6 +37,7 @@ class ActorWorker:
                 "gpu_memory_utilization": config.rollout.gpu_memory_utilization,
                 "tensor_parallel_size": config.rollout.tensor_model_parallel_size,
                 "enable_sleep_mode": config.rollout.enable_sleep_mode,
+                "dtype": resolve_dtype(config.model.dtype, device),  # vLLM's own copy computes in it, not in fp32
             }
         self.rollout = make_rollout_engine(config.rollout.name, self.model, tokenizer, device, **options)
 
