@@ -103,6 +103,7 @@ def test_build_push_then_pull_back(docker_client, cpu_image, base_image, torch_w
     assert built.exit_code == 0, built.output
     ref = f"{registry}/verl-deploy:{__version__}-cpu"
     assert f"built {ref}" in built.output and "digest: sha256:" in built.output
+    pushed_id = docker_client.api.inspect_image(ref)["Id"]
 
     docker_client.images.remove(ref)  # an untag: verl-deploy:<version>-cpu keeps the shared layers
     pulled = verl_deploy("images", "pull", "--variant", "cpu", "--registry", registry)
@@ -112,7 +113,7 @@ def test_build_push_then_pull_back(docker_client, cpu_image, base_image, torch_w
     # Layers this host still holds read "Already exists"; any other (a source layer built since) is fetched.
     assert all(" Already exists " in line or " Pull complete " in line for line in layer_lines), layer_lines
     assert docker_client.api.inspect_image(ref)["Config"]["Labels"]["verl-deploy.variant"] == "cpu"
-    assert docker_client.api.inspect_image(ref)["Id"] == docker_client.api.inspect_image(cpu_image)["Id"]
+    assert docker_client.api.inspect_image(ref)["Id"] == pushed_id
 
 
 def test_pull_shows_a_bar_per_downloaded_layer(docker_client, registry):
