@@ -255,14 +255,14 @@ def _image_error(exc: Exception) -> typer.Exit:
 @images_app.command("build")
 def images_build(
     variant: str = _VARIANT_OPTION,
-    base_image: str = typer.Option(None, "--base-image", help="Base image [default: the catalog's slim Python image]."),
-    tag: str = typer.Option(None, "--tag", help="Image tag [default: [REGISTRY/]verl-deploy:<version>-<variant>]."),
+    base_image: str = typer.Option(None, "--base-image", help="Base image (default: the catalog's slim Python image)."),
+    tag: str = typer.Option(None, "--tag", help="Image tag (default: REGISTRY/verl-deploy:<version>-<variant>)."),
     registry: str = _REGISTRY_OPTION,
-    pip_index_url: str = typer.Option(None, "--pip-index-url", help="Package index, a mirror [default: $PIP_INDEX_URL]."),
-    pip_extra_index_url: list[str] = typer.Option([], "--pip-extra-index-url", help="More indexes (repeatable) [default: $PIP_EXTRA_INDEX_URL]."),
-    torch_index_url: str = typer.Option(None, "--torch-index-url", help="Where torch comes from [default: the variant's index]."),
+    pip_index_url: str = typer.Option(None, "--pip-index-url", help="Package index, a mirror (default: $PIP_INDEX_URL)."),
+    pip_extra_index_url: list[str] = typer.Option([], "--pip-extra-index-url", help="More indexes (repeatable) (default: $PIP_EXTRA_INDEX_URL)."),
+    torch_index_url: str = typer.Option(None, "--torch-index-url", help="Where torch comes from (default: the variant's index)."),
     wheelhouse: Path = typer.Option(None, "--wheelhouse", help="Folder of wheels pip may install from (torch from it when it holds the pinned one)."),
-    ca_bundle: Path = typer.Option(None, "--ca-bundle", help="CA bundle for pip in the build (TLS-intercepting proxy) [default: $PIP_CERT or $REQUESTS_CA_BUNDLE]."),
+    ca_bundle: Path = typer.Option(None, "--ca-bundle", help="CA bundle for pip in the build (TLS-intercepting proxy) (default: $PIP_CERT or $REQUESTS_CA_BUNDLE)."),
     keep_ca_bundle: bool = typer.Option(False, "--keep-ca-bundle", help="Keep the CA bundle in the image and trust it there."),
     push: bool = typer.Option(False, "--push", help="Push the image when built."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every layer."),
@@ -295,7 +295,7 @@ def images_build(
 def images_pull(
     variant: str = _VARIANT_OPTION,
     registry: str = _REGISTRY_OPTION,
-    tag: str = typer.Option(None, "--tag", help="Full image reference [default: [REGISTRY/]verl-deploy:<version>-<variant>]."),
+    tag: str = typer.Option(None, "--tag", help="Full image reference (default: REGISTRY/verl-deploy:<version>-<variant>)."),
 ) -> None:
     """Pull a variant's image, with a progress bar per layer (credentials: your Docker config)."""
     from rich.console import Console
