@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from conftest import REPO
 from verl_runtime.config import get_default_config, load_config, to_yaml
 from verl_runtime.errors import ConfigError
 
@@ -106,3 +107,15 @@ def test_broken_yaml_names_the_line(tmp_path):
     path.write_text("data:\n  batch_size: 8\n  train_files: [a\n")
     with pytest.raises(ConfigError, match=r"broken.yaml line \d+: not valid YAML"):
         load_config(path)
+
+
+def test_the_resolved_config_reads_back_the_same(tmp_path):
+    config = load_config(REPO / "examples" / "gsm8k-ppo.yaml", ["trainer.run_dir=/runs/x"])
+    written = tmp_path / "config.yaml"
+    written.write_text(to_yaml(config))
+    assert load_config(written) == config
+
+
+@pytest.mark.parametrize("name", ["quickstart.yaml", "gsm8k-ppo.yaml", "gsm8k-grpo.yaml"])
+def test_the_examples_are_valid(name):
+    load_config(REPO / "examples" / name)
