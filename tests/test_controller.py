@@ -1,0 +1,50 @@
+"""WorkerGroup: the controller calls a role like one object; dispatch modes say how a call reaches the workers."""
+
+import pytest
+import torch
+
+from verl_runtime.controller import ALL, DP_SPLIT, RANK_ZERO, WorkerGroup, register
+
+
+class Doubler:
+    def __init__(self, rank):
+        self.rank = rank
+        self.seen = []
+
+    @register(DP_SPLIT)
+    def double(self, batch, factor=2):
+        self.seen.append(batch["uid"])
+        return {"x": batch["x"] * factor, "rank": float(self.rank)}
+
+    @register(ALL)
+    def whoami(self):
+        return self.rank
+
+    @register(RANK_ZERO)
+    def save(self):
+        return f"saved by {self.rank}"
+
+    def private(self):
+        return "not callable through the group"
+
+
+def test_dp_split_splits_the_batch_and_joins_the_results():
+    workers = [Doubler(0), Doubler(1)]
+    group = WorkerGroup(workers)
+    out = group.double({"x": torch.arange(5), "uid": ["a", "b", "c", "d", "e"]}, factor=3)
+    assert out["x"].tolist() == [0, 3, 6, 9, 12]
+    assert out["rank"] == 0.5  # numbers (metrics) are averaged
+    assert workers[0].seen == [["a", "b"]] and workers[1].seen == [["c", "d", "e"]]
+
+
+def test_all_and_rank_zero():
+    group = WorkerGroup([Doubler(0), Doubler(1), Doubler(2)])
+    assert group.whoami() == [0, 1, 2]
+    assert group.save() == "saved by 0"
+    assert group.world_size == 3
+
+
+def test_unregistered_methods_are_not_dispatched():
+    group = WorkerGroup([Doubler(0)])
+    with pytest.raises(AttributeError, match="Doubler.private is not a registered worker method"):
+        group.private()
