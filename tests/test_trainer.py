@@ -179,3 +179,14 @@ def test_bf16_compute_keeps_fp32_weights(tiny_model_dir):
     assert math.isfinite(output["loss"])
     assert {p.dtype for p in trainer.actor.workers[0].model.parameters()} == {torch.float32}
     assert {p.dtype for p in trainer.critic.workers[0].model.parameters()} == {torch.float32}
+
+
+def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir):
+    outputs = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        trainer = trainer_for("ppo", tiny_model_dir, model__gradient_checkpointing=checkpointing)
+        outputs.append(trainer.step(SAMPLES))
+    plain, checkpointed = outputs
+    for name in ("loss", "actor/grad_norm", "critic/grad_norm"):
+        assert checkpointed[name] == pytest.approx(plain[name], rel=1e-5), name
