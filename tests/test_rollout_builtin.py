@@ -1,6 +1,8 @@
 """Built-in decoder: the same tokens as transformers' generate under greedy decoding, the sampler's log-probs, EOS
 stopping, seeds, and the compiled (static cache, bucketed) path."""
 
+import copy
+
 import pytest
 import torch
 
@@ -141,16 +143,25 @@ def test_sampling_filters():
 
 
 @pytest.mark.slow
-def test_compiled_path_pads_to_buckets_and_reuses_its_cache(tiny):
+def test_compiled_path_pads_to_buckets_reuses_its_cache_and_sees_updated_weights(tiny):
     """The CUDA-graph path (torch.compile over a static cache; on the CPU without graphs): still HF's tokens, with
-    the batch padded to a bucket, and the same cache object (fixed addresses for the graphs) across calls."""
-    model, tokenizer = tiny
+    the batch padded to a bucket, the same cache object (fixed addresses for the graphs) across calls, and weights
+    updated in place (as the optimizer does) used by the next call without recompiling."""
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
     params = SamplingParams(n=1, max_new_tokens=12, do_sample=False)
-    expected = make_rollout_engine("hf", model, tokenizer, "cpu").generate(_prompts(tokenizer), params)
+    hf = make_rollout_engine("hf", model, tokenizer, "cpu")
     engine = BuiltinRolloutEngine(model, tokenizer, "cpu", compile=True)
     first = engine.generate(_prompts(tokenizer), params)
     cache = engine._cache
     second = engine.generate(_prompts(tokenizer)[::-1], params)
+    expected = hf.generate(_prompts(tokenizer), params)
     assert torch.equal(first.responses, expected.responses)
     assert torch.equal(second.responses, expected.responses.flip(0))
     assert engine._cache is cache and cache.layers[0].keys.shape[0] == 8  # 3 rows padded to the bucket of 8
+
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)))
+    updated = hf.generate(_prompts(tokenizer), params)
+    assert not torch.equal(updated.responses, expected.responses)
+    assert torch.equal(engine.generate(_prompts(tokenizer), params).responses, updated.responses)
