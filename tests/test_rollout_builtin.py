@@ -53,6 +53,16 @@ def test_greedy_tokens_equal_transformers_generate(request, model_name, static_c
     assert batch.prompt_length == expected.prompt_length
 
 
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, -1, 1.0), (0.7, 20, 0.9)])
+def test_seeded_samples_equal_transformers_generate_on_the_cpu(tiny, temperature, top_k, top_p):
+    """Same filters in the same order, same seeded CPU random stream: the very tokens transformers samples."""
+    model, tokenizer = tiny
+    params = SamplingParams(n=4, max_new_tokens=24, temperature=temperature, top_k=top_k, top_p=top_p, seed=3)
+    expected = make_rollout_engine("hf", model, tokenizer, "cpu").generate(_prompts(tokenizer), params)
+    batch = make_rollout_engine("builtin", model, tokenizer, "cpu").generate(_prompts(tokenizer), params)
+    assert torch.equal(batch.responses, expected.responses)
+
+
 def test_builtin_is_a_registered_engine(tiny):
     model, tokenizer = tiny
     engine = make_rollout_engine("builtin", model, tokenizer, "cpu")
