@@ -19,7 +19,9 @@ def setup(tmp_path_factory):
     require(VLLM_INSTALLED, VLLM_MISSING)
     path = build_vllm_tiny_model(tmp_path_factory.mktemp("tiny"))
     model, tokenizer = load_causal_lm(path, None, "cpu"), load_tokenizer(path)
+    state = torch.get_rng_state()
     engine = make_rollout_engine("vllm", model, tokenizer, "cpu")
+    assert torch.equal(torch.get_rng_state(), state)  # vLLM's start-up seeding does not reach the trainer's RNG
     hf = make_rollout_engine("hf", model, tokenizer, "cpu")
     return model, tokenizer, engine, hf
 

@@ -14,10 +14,12 @@ quantity the trainer recomputes when top-k/top-p do not filter).
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 
+from verl_runtime.checkpoint import rng_state, set_rng_state
 from verl_runtime.errors import ConfigError
 from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad
 from verl_runtime.rollout.hf import eos_token_ids
@@ -59,15 +61,22 @@ class VLLMRolloutEngine:
         self.sleep_mode = enable_sleep_mode and self.device.type == "cuda"
         if self.device.type == "cpu":
             _check_cpu_head_dim(model.config)
-        self.llm = LLM(
-            model=model.name_or_path,  # the actor's initial weights (a local directory); synced from memory later
-            dtype=str(dtype or next(model.parameters()).dtype).removeprefix("torch."),
-            gpu_memory_utilization=gpu_memory_utilization,
-            tensor_parallel_size=tensor_parallel_size,
-            enable_sleep_mode=self.sleep_mode,
-            logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True,  # the n samples of a prompt share its prefill
-        )
+        # In-process vLLM seeds Python's, NumPy's and torch's global RNGs (its seed, 0): keep the trainer's streams.
+        saved_rng = rng_state()
+        try:
+            self.llm = LLM(
+                model=model.name_or_path,  # the actor's initial weights (a local directory); synced from memory later
+                dtype=str(dtype or next(model.parameters()).dtype).removeprefix("torch."),
+                gpu_memory_utilization=gpu_memory_utilization,
+                tensor_parallel_size=tensor_parallel_size,
+                enable_sleep_mode=self.sleep_mode,
+                logprobs_mode="processed_logprobs",
+                enable_prefix_caching=True,  # the n samples of a prompt share its prefill
+            )
+        finally:
+            set_rng_state(saved_rng)
+        # Every in-place reload warns that rotary embeddings (no checkpoint weights, buffers kept) loaded nothing.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
         self._asleep: set[str] = set()
         self.sync_weights(model)  # the actor may already differ from its directory (a resumed checkpoint, say)
         self._sleep()
