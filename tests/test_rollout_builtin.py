@@ -152,6 +152,27 @@ def test_sampling_filters():
     torch.testing.assert_close(log_probs, torch.log_softmax(logits[:1] / 0.5, -1)[:, 3])
 
 
+def test_static_path_under_autocast_decodes_a_copy_that_sync_weights_refreshes(tiny):
+    """The actor on a GPU: fp32 weights under bf16 autocast. The static cache path decodes a bf16 copy, stale until
+    sync_weights, then equal to a fresh engine's decoding of the updated model."""
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
+    params = SamplingParams(n=2, max_new_tokens=12, do_sample=False)
+    engine = BuiltinRolloutEngine(model, tokenizer, "cpu", static_cache=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        before = engine.generate(_prompts(tokenizer), params)
+        assert next(engine._copy.parameters()).dtype == torch.bfloat16
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)))
+        assert torch.equal(engine.generate(_prompts(tokenizer), params).responses, before.responses)
+        engine.sync_weights(model)
+        after = engine.generate(_prompts(tokenizer), params)
+        fresh = BuiltinRolloutEngine(model, tokenizer, "cpu", static_cache=True).generate(_prompts(tokenizer), params)
+    assert torch.equal(after.responses, fresh.responses)
+    assert not torch.equal(after.responses, before.responses)
+    assert next(model.parameters()).dtype == torch.float32  # the actor's weights stay as they are
+
+
 @pytest.mark.slow
 def test_compiled_path_pads_to_buckets_reuses_its_cache_and_sees_updated_weights(tiny):
     """The CUDA-graph path (torch.compile over a static cache; on the CPU without graphs): still HF's tokens, with

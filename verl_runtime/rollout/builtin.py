@@ -12,6 +12,9 @@ static cache attends over its whole preallocated length at every step).
 
 from __future__ import annotations
 
+import copy
+from contextlib import nullcontext
+
 import torch
 
 from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad
@@ -23,10 +26,15 @@ LENGTH_BUCKET = 128
 
 
 class BuiltinRolloutEngine:
-    """Generates with the actor's own model object (colocated, like the HF engine), so sync_weights copies nothing.
+    """Generates with the actor's own model object (colocated, like the HF engine).
 
     compile: None picks CUDA graphs on CUDA and eager decoding elsewhere; True/False force it. Compiling implies the
     static cache; static_cache=True alone runs the same cache eagerly (how the CPU tests check that path).
+
+    Under autocast (fp32 master weights, bf16 compute: the actor on a GPU) the static cache cannot take the model
+    as is: rotary embeddings leave keys in fp32 while values come out in bf16, and the cache holds one dtype. So
+    the static path decodes with a copy of the weights in the autocast dtype, which sync_weights refreshes in place
+    (fixed addresses, as the CUDA graphs need). The dynamic-cache path uses the actor's model directly.
     """
 
     def __init__(self, model, tokenizer, device, compile: bool | None = None, static_cache: bool = False):
@@ -38,28 +46,49 @@ class BuiltinRolloutEngine:
         self.static_cache = self.compile or static_cache
         self._step = None  # the compiled forward, built on first use and kept for the run
         self._cache = None  # the static KV cache of the last shape, reused so captured graphs stay valid
+        self._cache_key = None  # (batch, length, dtype) of self._cache
+        self._copy = None  # the weights in the autocast dtype, for the static path under autocast
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
         rows = [prompt for prompt in prompts for _ in range(params.n)]
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
-        was_training = self.model.training
-        self.model.eval()
+        model = self._decoding_model()
+        was_training = model.training
+        model.eval()
         try:
-            with torch.inference_mode():
-                responses, log_probs = self._decode(prompt_ids, prompt_mask, params)
+            # The copy already holds the compute dtype: autocast would only add casts (and break the cache).
+            no_autocast = nullcontext() if model is self.model else torch.autocast(self.device.type, enabled=False)
+            with torch.inference_mode(), no_autocast:
+                responses, log_probs = self._decode(model, prompt_ids, prompt_mask, params)
         finally:
-            self.model.train(was_training)
+            model.train(was_training)
         # Clone out of inference mode: the trainer feeds these ids to forward passes that need autograd.
         batch = assemble_batch(prompt_ids, prompt_mask, responses.clone(), self.eos_ids)
         batch.rollout_log_probs = log_probs.clone() * batch.response_mask
         return batch
 
     def sync_weights(self, model) -> None:
-        """Nothing to copy: generation runs on the trained model object itself (optimizer steps update the
-        parameters in place, which the captured CUDA graphs read)."""
+        """Refresh the autocast-dtype copy, if there is one, in place; otherwise generation already runs on the
+        trained model object (optimizer steps update its parameters in place, which captured CUDA graphs read)."""
+        if self._copy is None:
+            return
+        with torch.no_grad():
+            for target, source in zip(self._copy.parameters(), model.parameters()):
+                target.copy_(source)
 
-    def _decode(self, prompt_ids, prompt_mask, params: SamplingParams):
+    def _decoding_model(self):
+        if not (self.static_cache and _autocast_on(self.device)):
+            return self.model
+        dtype = torch.get_autocast_dtype(self.device.type)
+        if self._copy is None or next(self._copy.parameters()).dtype != dtype:
+            self._copy = copy.deepcopy(self.model).to(dtype).requires_grad_(False)
+            for parameter in self._copy.parameters():
+                parameter.grad = None  # the actor's last gradients came along with deepcopy
+            self._step = None  # graphs are captured over the copy's parameters
+        return self._copy
+
+    def _decode(self, model, prompt_ids, prompt_mask, params: SamplingParams):
         rows, prompt_length = prompt_ids.shape
         width = rows
         if self.static_cache:
@@ -69,7 +98,8 @@ class BuiltinRolloutEngine:
             prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(extra, -1)])
             prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(extra, -1)])
         total = prompt_length + params.max_new_tokens
-        cache = self._kv_cache(width, _round_up(total, LENGTH_BUCKET) if self.compile else total)
+        length = _round_up(total, LENGTH_BUCKET) if self.compile else total
+        cache = self._kv_cache(width, length, next(model.parameters()).dtype)
         cache_length = cache.get_max_length() if self.static_cache else total
         # One mask for the whole run: generated tokens attend (1) and finished rows keep feeding pad tokens, as
         # transformers' generate does; causality hides the not-yet-written slots.
@@ -78,7 +108,7 @@ class BuiltinRolloutEngine:
         positions = torch.clip(torch.cumsum(prompt_mask, dim=-1) - 1, min=0)
         generator = _generator(params.seed, self.device)
 
-        logits = self.model(
+        logits = model(
             input_ids=prompt_ids,
             attention_mask=mask[:, : cache_length if self.static_cache else prompt_length],
             position_ids=positions,
@@ -92,7 +122,7 @@ class BuiltinRolloutEngine:
         finished = torch.zeros(width, dtype=torch.bool, device=self.device)
         eos = torch.tensor(self.eos_ids, device=self.device)
         position = positions[:, -1:]
-        step = self._compiled_step() if self.compile else self.model
+        step = self._compiled_step(model) if self.compile else model
         for t in range(params.max_new_tokens):
             tokens, token_log_probs = sample(logits.float(), params, generator)
             tokens = tokens.masked_fill(finished, self.pad_id)
@@ -115,23 +145,23 @@ class BuiltinRolloutEngine:
             ).logits[:, -1]
         return responses[:rows], log_probs[:rows]
 
-    def _kv_cache(self, batch: int, length: int):
+    def _kv_cache(self, batch: int, length: int, dtype: torch.dtype):
         from transformers import DynamicCache, StaticCache
 
         if not self.static_cache:
             return DynamicCache(config=self.model.config)
-        cache = self._cache
-        if cache is not None and cache.get_max_length() == length and _cache_batch(cache) in (None, batch):
-            cache.reset()
-            return cache
-        self._cache = StaticCache(config=self.model.config, max_cache_len=length)
+        key = (batch, length, dtype)  # the cache's tensors take the dtype of the first keys they store
+        if self._cache is not None and self._cache_key == key:
+            self._cache.reset()
+            return self._cache
+        self._cache, self._cache_key = StaticCache(config=self.model.config, max_cache_len=length), key
         return self._cache
 
-    def _compiled_step(self):
+    def _compiled_step(self, model):
         if self._step is None:
             # fullgraph: a graph break would split the CUDA graph and bring the per-step launch overhead back.
             # dynamic=False: one static graph per bucket shape, never a shape-generic one.
-            self._step = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
+            self._step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
         return self._step
 
 
@@ -170,16 +200,15 @@ def _top_p(scores: torch.Tensor, p: float) -> torch.Tensor:
     return scores.masked_fill(remove.scatter(-1, order, remove), -float("inf"))
 
 
+def _autocast_on(device: torch.device) -> bool:
+    return torch.is_autocast_enabled(device.type)
+
+
 def _generator(seed: int | None, device: torch.device):
     """A private seeded generator (the global RNG stays untouched), or None: the global RNG."""
     if seed is None:
         return None
     return torch.Generator(device=device).manual_seed(seed)
-
-
-def _cache_batch(cache) -> int | None:
-    layer = cache.layers[0]
-    return layer.keys.shape[0] if getattr(layer, "is_initialized", False) else None
 
 
 def _round_up(value: int, multiple: int) -> int:
