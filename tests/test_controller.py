@@ -32,9 +32,10 @@ def test_dp_split_splits_the_batch_and_joins_the_results():
     workers = [Doubler(0), Doubler(1)]
     group = WorkerGroup(workers)
     out = group.double({"x": torch.arange(5), "uid": ["a", "b", "c", "d", "e"]}, factor=3)
-    assert out["x"].tolist() == [0, 3, 6, 9, 12]
+    assert out["x"].tolist() == [0, 3, 6, 9, 12]  # the padding sample's result is dropped again
     assert out["rank"] == 0.5  # numbers (metrics) are averaged
-    assert workers[0].seen == [["a", "b"]] and workers[1].seen == [["c", "d", "e"]]
+    # equal shares: 5 samples padded to 6 with the first one again
+    assert workers[0].seen == [["a", "b", "c"]] and workers[1].seen == [["d", "e", "a"]]
 
 
 def test_all_and_rank_zero():

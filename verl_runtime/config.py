@@ -73,6 +73,7 @@ class ActorConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
+    strategy: str = "dp"  # with several workers: dp (each holds the whole model) | fsdp (FSDP2 shards it across them)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class CriticConfig:
     cliprange_value: float = 0.5
     ppo_micro_batch_size_per_gpu: int | None = None
     loss_agg_mode: str = "token-mean"
+    strategy: str = "dp"  # dp | fsdp, as actor.strategy
 
 
 @dataclass
@@ -145,6 +147,17 @@ class TrainerConfig:
     keep_last: int = 2  # checkpoints kept
     resume: str = "auto"  # auto: continue from the run directory's latest checkpoint | disable
     tensorboard: bool = False
+    # Workers: 1 runs every role in this process. More (or a Ray cluster to join) runs them as Ray actors, one per
+    # slot of cpus_per_worker CPUs (or one GPU), training data-parallel (actor.strategy / critic.strategy).
+    n_workers: int = 1
+    cpus_per_worker: int = 1
+    placement: str = "colocated"  # colocated: all roles share the workers | split: the critic gets its own n_workers
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # a running cluster to join ("host:6379", "auto"); RAY_ADDRESS too. None: start one here
+    num_cpus: int | None = None  # CPUs of a Ray started here (None: all of this host's)
 
 
 @dataclass
@@ -158,6 +171,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     @property
     def train(self) -> TrainerConfig:
@@ -282,6 +296,9 @@ def validate(config: Config) -> None:
     _check_choice("trainer.device", config.trainer.device, ("auto", "cpu", "cuda"))
     _check_choice("trainer.resume", config.trainer.resume, ("auto", "disable"))
     _check_choice("rollout.name", config.rollout.name, ("hf", "builtin", "vllm"))
+    _check_choice("trainer.placement", config.trainer.placement, ("colocated", "split"))
+    _check_choice("actor.strategy", config.actor.strategy, ("dp", "fsdp"))
+    _check_choice("critic.strategy", config.critic.strategy, ("dp", "fsdp"))
 
     positive = {
         "data.batch_size": config.data.batch_size,
@@ -298,6 +315,8 @@ def validate(config: Config) -> None:
         "trainer.num_epochs": config.trainer.num_epochs,
         "trainer.keep_last": config.trainer.keep_last,
         "trainer.total_training_steps": config.trainer.total_training_steps,
+        "trainer.n_workers": config.trainer.n_workers,
+        "trainer.cpus_per_worker": config.trainer.cpus_per_worker,
     }
     for key, value in positive.items():
         if value is not None and value < 1:  # None: unset (see the field's comment)
@@ -316,6 +335,12 @@ def validate(config: Config) -> None:
                 f"actor.ppo_mini_batch_size * rollout.n ({mini} * {n} = {mini * n} samples) must be a multiple of "
                 f"{key} ({micro})"
             )
+    workers = config.trainer.n_workers
+    if (mini * n) % workers:
+        raise ConfigError(
+            f"actor.ppo_mini_batch_size * rollout.n ({mini} * {n} = {mini * n} samples) must be a multiple of "
+            f"trainer.n_workers ({workers}): each worker trains on an equal share"
+        )
     if config.algorithm.adv_estimator in ("grpo", "rloo") and n < 2:
         raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares samples of one prompt: set rollout.n to 2 or more")
 

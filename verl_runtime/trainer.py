@@ -19,13 +19,14 @@ from verl_runtime.algorithms import apply_kl_penalty, compute_advantage, get_kl_
 from verl_runtime.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from verl_runtime.config import Config, mini_batch_size, to_yaml, validate
 from verl_runtime.controller import WorkerGroup
+from verl_runtime.controller.ray_backend import start_worker_groups, uses_ray
 from verl_runtime.data import Prompt, batch_indices, encode_prompts, load_rows, make_toy_rows, prompt_token_ids
 from verl_runtime.errors import TrainingError
 from verl_runtime.metrics import MetricsWriter, format_console_line
 from verl_runtime.models import load_tokenizer, position_ids_from_mask
 from verl_runtime.rollout import SamplingParams
 from verl_runtime.rollout.base import left_pad
-from verl_runtime.workers import ActorWorker, CriticWorker, ReferenceWorker, RewardWorker
+from verl_runtime.workers import build_roles
 
 
 class SingleControllerTrainer:
@@ -33,14 +34,19 @@ class SingleControllerTrainer:
         print("[INFO] Initializing SingleControllerTrainer...", flush=True)
         validate(config)
         self.config = config
-        self.device = pick_device(config.trainer.device)
-        seed_everything(config.trainer.seed)
         print(f"[INFO] Loading pretrained model from {config.model.path}", flush=True)
+        roles = ["actor", "reward"] + ["critic"] * (config.algorithm.adv_estimator == "gae") + ["ref"] * needs_reference(config)
+        ray = uses_ray(config)  # then the workers are Ray actors and batches leave this process on the CPU
+        self.device = torch.device("cpu") if ray else pick_device(config.trainer.device)
+        seed_everything(config.trainer.seed)
         self.tokenizer = load_tokenizer(config.model.path)
-        self.actor = WorkerGroup([ActorWorker(config, self.tokenizer, self.device)])
-        self.critic = WorkerGroup([CriticWorker(config, self.device)]) if config.algorithm.adv_estimator == "gae" else None
-        self.ref = WorkerGroup([ReferenceWorker(config, self.device)]) if needs_reference(config) else None
-        self.reward = WorkerGroup([RewardWorker(config, self.tokenizer, self.device)])
+        if ray:
+            groups = start_worker_groups(config, roles)
+        else:
+            workers = build_roles(config, roles, self.tokenizer, self.device)
+            groups = {role: WorkerGroup([worker]) for role, worker in workers.items()}
+        self.actor, self.reward = groups["actor"], groups["reward"]
+        self.critic, self.ref = groups.get("critic"), groups.get("ref")
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
         self.global_step = 0
 
@@ -54,6 +60,9 @@ class SingleControllerTrainer:
         """
         if not samples:
             raise TrainingError("step() needs at least one {'prompt', 'response', 'reward'} sample")
+        if len(samples) % self.actor.world_size:
+            raise TrainingError(f"step() on {self.actor.world_size} workers needs a multiple of "
+                                f"{self.actor.world_size} samples (each trains on an equal share), got {len(samples)}")
         batch = self._encode_samples(samples)
         scores = torch.tensor([float(sample["reward"]) for sample in samples])
         with out_of_memory_hint(self.config):
@@ -94,23 +103,24 @@ class SingleControllerTrainer:
                     writer.log(0, self.validate(val))
                 for step in range(start + 1, total + 1):
                     timing: dict[str, float] = {}
-                    started = time.perf_counter()
+                    started, compute_before = time.perf_counter(), self.compute_s()
                     epoch, position = divmod(step - 1, steps_per_epoch)
                     rows = batch_indices(len(train), cfg.data.batch_size, cfg.trainer.seed, epoch, cfg.data.shuffle)
                     prompts = [train[i] for i in rows[position]]
 
-                    with timer("gen", timing):
-                        batch = self.actor.generate([p.input_ids for p in prompts], sampling)
-                    batch.update(prompt_fields(prompts, cfg.rollout.n))
-                    with timer("reward", timing):
-                        scores = self.reward.score(batch)
                     with stopped_at(step, run_dir):
+                        with timer("gen", timing):
+                            batch = self.actor.generate([p.input_ids for p in prompts], sampling)
+                        batch.update(prompt_fields(prompts, cfg.rollout.n))
+                        with timer("reward", timing):
+                            scores = self.reward.score(batch)
                         metrics = self._update(batch, scores, timing, mini)
                     if val and cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or step == total):
                         with timer("testing", timing):
                             metrics.update(self.validate(val))
 
                     timing["step"] = time.perf_counter() - started
+                    timing["controller"] = timing["step"] - (self.compute_s() - compute_before)  # outside the workers
                     metrics.update(step_metrics(step, epoch, batch, timing))
                     writer.log(step, metrics)
                     print(format_console_line(step, total, metrics), flush=True)
@@ -198,8 +208,8 @@ class SingleControllerTrainer:
     def save(self, run_dir, step: int) -> None:
         state = {
             "step": step,
-            "actor": self.actor.state_dict(),
-            "critic": self.critic.state_dict() if self.critic is not None else None,
+            "actor": self.actor.state_dict()[0],  # rank 0's: the whole state, loadable into any worker count
+            "critic": self.critic.state_dict()[0] if self.critic is not None else None,
             "kl_coef": self.kl_ctrl.value,
             "rng": rng_state(),
         }
@@ -220,6 +230,19 @@ class SingleControllerTrainer:
         self.global_step = state["step"]
         print(f"[INFO] Resumed from {path} (step {state['step']})", flush=True)
         return state["step"]
+
+    def compute_s(self) -> float:
+        """Seconds spent inside worker methods so far (each call counted once, at its slowest rank)."""
+        return sum(group.compute_s for group in self.groups())
+
+    def groups(self) -> list:
+        return [group for group in (self.actor, self.critic, self.ref, self.reward) if group is not None]
+
+    def close(self) -> None:
+        """Stop the Ray workers (in-process workers need nothing)."""
+        for group in self.groups():
+            if hasattr(group, "close"):
+                group.close()
 
     def _encode_samples(self, samples: list[dict]) -> dict:
         """Tensors for given samples: prompt (chat template when configured) + response + EOS, grouped by prompt."""

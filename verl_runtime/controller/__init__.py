@@ -1,5 +1,9 @@
-"""Worker groups: the controller calls a role (actor, critic, reference, reward) like one local object."""
+"""Worker groups: the controller calls a role (actor, critic, reference, reward) like one local object.
 
-from verl_runtime.controller.worker_group import ALL, DP_SPLIT, RANK_ZERO, WorkerGroup, chunks, register
+Two backends: ``WorkerGroup`` (in-process, the default) and ``ray_backend.RayWorkerGroup`` (Ray actors, imported
+only when a run uses Ray, so one-worker runs never pay for Ray's start-up).
+"""
 
-__all__ = ["ALL", "DP_SPLIT", "RANK_ZERO", "WorkerGroup", "chunks", "register"]
+from verl_runtime.controller.worker_group import ALL, DP_SPLIT, RANK_ZERO, BaseWorkerGroup, WorkerGroup, chunks, register
+
+__all__ = ["ALL", "DP_SPLIT", "RANK_ZERO", "BaseWorkerGroup", "WorkerGroup", "chunks", "register"]

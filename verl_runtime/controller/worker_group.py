@@ -3,16 +3,21 @@
 Each worker method says how (verl's ``@register(dispatch_mode=...)``, much smaller):
 
 - ``ALL``: every worker gets the same arguments; the results come back as a list.
-- ``DP_SPLIT``: the first argument, a batch (a dict of tensors and lists), is split into one chunk per worker
-  along the sample dimension; the results are joined back (tensors concatenated, metrics averaged).
+- ``DP_SPLIT``: the first argument, a batch (a dict of tensors and lists), is split into one equal chunk per worker
+  along the sample dimension -- padded to a multiple of the group size by repeating its first samples, so that every
+  rank runs the same number of forward passes (collectives need that) -- and the results are joined back
+  (tensors concatenated and unpadded, metrics averaged).
 - ``RANK_ZERO``: only the first worker runs it (e.g. the rollout engine, saving a checkpoint).
 
-The in-process backend below keeps the workers in this process, so a call is a plain method call.
+The in-process backend below keeps the workers in this process, so a call is a plain method call; the Ray backend
+(``ray_backend.RayWorkerGroup``) runs them as Ray actors. Both record ``compute_s``: the time spent inside worker
+methods (the slowest rank per call), so the controller's own overhead is the rest of a step.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -31,41 +36,75 @@ def register(dispatch: str) -> Callable:
     return mark
 
 
-class WorkerGroup:
+def dispatch_mode(worker_class: type, name: str) -> str:
+    dispatch = getattr(getattr(worker_class, name, None), "dispatch", None)
+    if dispatch is None:
+        raise AttributeError(f"{worker_class.__name__}.{name} is not a registered worker method")
+    return dispatch
+
+
+class BaseWorkerGroup:
+    """Dispatch and collect; a backend supplies ``world_size``, ``worker_class`` and ``run``."""
+
+    world_size: int
+    worker_class: type
+    compute_s: float = 0.0
+
+    def run(self, name: str, args_per_rank: Sequence[tuple], kwargs: dict) -> list[tuple[Any, float]]:
+        """Run method `name` on ranks 0..len(args_per_rank)-1; each rank's (result, seconds inside the method)."""
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Callable:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        dispatch = dispatch_mode(self.worker_class, name)
+
+        def call(*args, **kwargs):
+            if dispatch == RANK_ZERO:
+                return self._timed(name, [args], kwargs)[0]
+            if dispatch == ALL:
+                return self._timed(name, [args] * self.world_size, kwargs)
+            batch, *rest = args
+            parts, pad = split_batch(batch, self.world_size)
+            return unpad(collect(self._timed(name, [(part, *rest) for part in parts], kwargs)), pad)
+
+        return call
+
+    def _timed(self, name: str, args_per_rank: Sequence[tuple], kwargs: dict) -> list:
+        outputs = self.run(name, args_per_rank, kwargs)
+        self.compute_s += max(seconds for _, seconds in outputs)
+        return [result for result, _ in outputs]
+
+
+class WorkerGroup(BaseWorkerGroup):
     """In-process backend: the workers are objects in this process."""
 
     def __init__(self, workers: list):
         self.workers = workers
+        self.world_size = len(workers)
+        self.worker_class = type(workers[0])
 
-    @property
-    def world_size(self) -> int:
-        return len(self.workers)
-
-    def __getattr__(self, name: str) -> Callable:
-        methods = [getattr(worker, name) for worker in self.workers]
-        dispatch = getattr(methods[0], "dispatch", None)
-        if dispatch is None:
-            raise AttributeError(f"{type(self.workers[0]).__name__}.{name} is not a registered worker method")
-
-        def call(*args, **kwargs):
-            if dispatch == RANK_ZERO:
-                return methods[0](*args, **kwargs)
-            if dispatch == ALL:
-                return [method(*args, **kwargs) for method in methods]
-            batch, *rest = args
-            chunks = split_batch(batch, len(methods))
-            return collect([method(chunk, *rest, **kwargs) for method, chunk in zip(methods, chunks)])
-
-        return call
+    def run(self, name, args_per_rank, kwargs):
+        outputs = []
+        for worker, args in zip(self.workers, args_per_rank):
+            started = time.perf_counter()
+            result = getattr(worker, name)(*args, **kwargs)
+            outputs.append((result, time.perf_counter() - started))
+        return outputs
 
 
-def split_batch(batch: dict[str, Any], parts: int) -> list[dict[str, Any]]:
-    """Split every tensor and list of a batch into `parts` contiguous chunks along the first dimension."""
+def split_batch(batch: dict[str, Any], parts: int) -> tuple[list[dict[str, Any]], int]:
+    """`parts` equal contiguous chunks of every tensor and list of a batch, and how many samples were added as padding
+    (the first samples again) to make the batch size a multiple of `parts`."""
     if parts == 1:
-        return [batch]
+        return [batch], 0
     size = len(next(iter(batch.values())))
-    bounds = [round(i * size / parts) for i in range(parts + 1)]
-    return [{key: value[lo:hi] for key, value in batch.items()} for lo, hi in zip(bounds, bounds[1:])]
+    pad = -size % parts
+    if pad:
+        batch = {key: value[:size] + value[:pad] if isinstance(value, list) else torch.cat([value, value[:pad]])
+                 for key, value in batch.items()}
+    chunk = (size + pad) // parts
+    return chunks(batch, chunk), pad
 
 
 def collect(outputs: list[Any]) -> Any:
@@ -80,6 +119,17 @@ def collect(outputs: list[Any]) -> Any:
     if isinstance(first, list):
         return [item for output in outputs for item in output]
     return sum(outputs) / len(outputs)
+
+
+def unpad(result: Any, pad: int) -> Any:
+    """Drop the outputs of the padding samples (the last `pad` rows of joined tensors and lists)."""
+    if not pad:
+        return result
+    if isinstance(result, dict):
+        return {key: unpad(value, pad) for key, value in result.items()}
+    if isinstance(result, (torch.Tensor, list)):
+        return result[:-pad]
+    return result
 
 
 def chunks(batch: dict[str, Any], size: int) -> list[dict[str, Any]]:

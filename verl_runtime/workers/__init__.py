@@ -10,4 +10,18 @@ from verl_runtime.workers.critic import CriticWorker
 from verl_runtime.workers.reference import ReferenceWorker
 from verl_runtime.workers.reward import RewardWorker
 
-__all__ = ["ActorWorker", "CriticWorker", "ReferenceWorker", "RewardWorker"]
+ROLE_CLASSES = {"actor": ActorWorker, "critic": CriticWorker, "ref": ReferenceWorker, "reward": RewardWorker}
+
+
+def build_roles(config, roles: list[str], tokenizer, device) -> dict:
+    """The role objects named in `roles`, built in ROLE_CLASSES' order (the same random stream in any process)."""
+    built = {}
+    for name in (name for name in ROLE_CLASSES if name in roles):
+        if name in ("actor", "reward"):
+            built[name] = ROLE_CLASSES[name](config, tokenizer, device)
+        else:
+            built[name] = ROLE_CLASSES[name](config, device)
+    return built
+
+
+__all__ = ["ROLE_CLASSES", "ActorWorker", "CriticWorker", "ReferenceWorker", "RewardWorker", "build_roles"]

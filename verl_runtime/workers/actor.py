@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections import defaultdict
 
 import torch
 from torch import nn
 
-from verl_runtime.algorithms import agg_loss, compute_policy_loss, kl_penalty, make_global_batch_info
+from verl_runtime.algorithms import agg_loss, compute_policy_loss, kl_penalty
 from verl_runtime.config import Config
-from verl_runtime.controller import DP_SPLIT, RANK_ZERO, chunks, register
+from verl_runtime.controller import ALL, DP_SPLIT, RANK_ZERO, chunks, register
 from verl_runtime.errors import TrainingError
 from verl_runtime.models import load_causal_lm, resolve_dtype, response_log_probs
 from verl_runtime.rollout import SamplingParams, make_rollout_engine
+from verl_runtime.workers import parallel
 
 ROLLOUT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
@@ -28,9 +30,19 @@ class ActorWorker:
         )
         disable_dropout(self.model)
         self.model.eval()  # train() only inside update(), which gradient checkpointing needs
+        parallel.broadcast_weights(self.model)
+        # The rollout runs on rank 0 only (see generate). Under FSDP rank 0 keeps a whole copy for it, refreshed in
+        # memory after each update; otherwise the engine samples from the trained model object itself.
+        sharded = config.actor.strategy == "fsdp" and parallel.world_size() > 1
+        self.rollout_model = copy.deepcopy(self.model) if sharded and parallel.rank() == 0 else None
+        if sharded:
+            parallel.shard(self.model)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.actor.lr, weight_decay=config.actor.weight_decay
         )
+        self.rollout = self._make_rollout(config, tokenizer, device) if parallel.rank() == 0 else None
+
+    def _make_rollout(self, config: Config, tokenizer, device: torch.device):
         options = {}
         if config.rollout.name == "vllm":
             options = {
@@ -39,11 +51,15 @@ class ActorWorker:
                 "enable_sleep_mode": config.rollout.enable_sleep_mode,
                 "dtype": resolve_dtype(config.model.dtype, device),  # vLLM's own copy computes in it, not in fp32
             }
-        self.rollout = make_rollout_engine(config.rollout.name, self.model, tokenizer, device, **options)
+        return make_rollout_engine(config.rollout.name, self.rollout_model or self.model, tokenizer, device, **options)
 
     @register(RANK_ZERO)
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
-        """Sample responses: each prompt params.n times, samples of one prompt adjacent."""
+        """Sample responses: each prompt params.n times, samples of one prompt adjacent.
+
+        Rank 0 samples the whole batch: the samples are then the same for any worker count (one random stream), and
+        one engine holds the weights (one vLLM instance, not one per rank); the other ranks join for the update.
+        """
         with self.mixed_precision():
             rollout = self.rollout.generate(prompt_ids, params)
         return {key: getattr(rollout, key) for key in ROLLOUT_KEYS}
@@ -68,10 +84,10 @@ class ActorWorker:
         stats = defaultdict(list)
         self.model.train()
         for _ in range(cfg.ppo_epochs):
-            for mini in chunks(batch, mini_batch_size):
-                # The loss is normalised by the whole mini-batch's tokens/sequences, so the micro-batch
+            for mini in chunks(batch, mini_batch_size // parallel.world_size()):  # this rank's share of it
+                # The loss is normalised by the whole mini-batch's tokens/sequences (all ranks), so the micro-batch
                 # losses add up to it and accumulation gives exactly the mini-batch gradient.
-                info = make_global_batch_info(mini["response_mask"])
+                info = parallel.global_batch_info(mini["response_mask"])
                 totals = defaultdict(float)
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in chunks(mini, cfg.ppo_micro_batch_size_per_gpu or mini_batch_size):
@@ -105,9 +121,10 @@ class ActorWorker:
                     totals["actor/pg_clipfrac"] += clipfrac.detach() * share
                     totals["actor/ppo_kl"] += ppo_kl.detach() * share
                     totals["actor/pg_clipfrac_lower"] += clipfrac_lower.detach() * share
-                grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                values = {key: float(value) for key, value in totals.items()}
-                if not (math.isfinite(values["actor/loss"]) and math.isfinite(float(grad_norm))):
+                parallel.sum_gradients(self.model)
+                grad_norm = parallel.full_norm(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+                values = parallel.sum_across_ranks({key: float(value) for key, value in totals.items()})
+                if not (math.isfinite(values["actor/loss"]) and math.isfinite(grad_norm)):
                     raise TrainingError(
                         f"the actor diverged (loss {values['actor/loss']:.4g}, gradient norm {float(grad_norm):.4g}): "
                         f"lower actor.lr (now {cfg.lr:g}) or check the rewards"
@@ -117,22 +134,32 @@ class ActorWorker:
                     stats[key].append(value)
                 stats["actor/grad_norm"].append(float(grad_norm))
         self.model.eval()
-        self.rollout.sync_weights(self.model)  # engines with their own copy of the weights (vLLM) need the update
+        self._sync_rollout()
         metrics = {key: sum(v) / len(v) for key, v in stats.items()}
         metrics["actor/lr"] = cfg.lr
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"] = cfg.kl_loss_coef
         return metrics
 
-    @register(RANK_ZERO)
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+    def _sync_rollout(self) -> None:
+        """Hand the updated weights to the rollout engine in memory (engines with their own copy: vLLM, FSDP's)."""
+        if self.rollout_model is not None or parallel.is_sharded(self.model):
+            state = parallel.full_model_state(self.model)  # a collective: every rank takes part
+            if self.rollout_model is not None:
+                self.rollout_model.load_state_dict(state)
+        if self.rollout is not None:
+            self.rollout.sync_weights(self.rollout_model or self.model)
 
-    @register(RANK_ZERO)
+    @register(ALL)
+    def state_dict(self) -> dict | None:
+        """The whole model and optimizer state (rank 0 returns it; every rank takes part under FSDP)."""
+        state = parallel.full_state(self.model, self.optimizer)
+        return state if parallel.rank() == 0 else None
+
+    @register(ALL)
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.rollout.sync_weights(self.model)
+        parallel.load_full_state(self.model, self.optimizer, state)
+        self._sync_rollout()
 
 
 def log_probs(model: nn.Module, batch: dict, micro_batch_size: int, temperature: float) -> torch.Tensor:

@@ -8,11 +8,12 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from verl_runtime.algorithms import compute_value_loss, make_global_batch_info, masked_mean
+from verl_runtime.algorithms import compute_value_loss, masked_mean
 from verl_runtime.config import Config
-from verl_runtime.controller import DP_SPLIT, RANK_ZERO, chunks, register
+from verl_runtime.controller import ALL, DP_SPLIT, chunks, register
 from verl_runtime.errors import TrainingError
 from verl_runtime.models import load_value_model, response_values
+from verl_runtime.workers import parallel
 from verl_runtime.workers.actor import disable_dropout, mixed_precision
 
 
@@ -26,6 +27,9 @@ class CriticWorker:
         )
         disable_dropout(self.model)
         self.model.eval()
+        parallel.broadcast_weights(self.model)  # the value head is freshly initialised on each rank
+        if config.critic.strategy == "fsdp" and parallel.world_size() > 1:
+            parallel.shard(self.model)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.critic.lr, weight_decay=config.critic.weight_decay
         )
@@ -52,8 +56,8 @@ class CriticWorker:
         stats = defaultdict(list)
         self.model.train()
         for _ in range(self.config.actor.ppo_epochs):
-            for mini in chunks(batch, mini_batch_size):
-                info = make_global_batch_info(mini["response_mask"])
+            for mini in chunks(batch, mini_batch_size // parallel.world_size()):  # this rank's share of it
+                info = parallel.global_batch_info(mini["response_mask"])
                 totals = defaultdict(float)
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in chunks(mini, cfg.ppo_micro_batch_size_per_gpu or mini_batch_size):
@@ -68,9 +72,10 @@ class CriticWorker:
                     totals["critic/vf_loss"] += vf_loss.detach()
                     totals["critic/vf_clipfrac"] += vf_clipfrac.detach() * share
                     totals["critic/vpred_mean"] += masked_mean(vpreds.detach(), mask) * share
-                grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                values = {key: float(value) for key, value in totals.items()}
-                if not (math.isfinite(values["critic/vf_loss"]) and math.isfinite(float(grad_norm))):
+                parallel.sum_gradients(self.model)
+                grad_norm = parallel.full_norm(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
+                values = parallel.sum_across_ranks({key: float(value) for key, value in totals.items()})
+                if not (math.isfinite(values["critic/vf_loss"]) and math.isfinite(grad_norm)):
                     raise TrainingError(
                         f"the critic diverged (loss {values['critic/vf_loss']:.4g}, gradient norm {float(grad_norm):.4g}): "
                         f"lower critic.lr (now {cfg.lr:g}) or check the rewards"
@@ -84,11 +89,12 @@ class CriticWorker:
         metrics["critic/lr"] = cfg.lr
         return metrics
 
-    @register(RANK_ZERO)
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+    @register(ALL)
+    def state_dict(self) -> dict | None:
+        """The whole model and optimizer state (rank 0 returns it; every rank takes part under FSDP)."""
+        state = parallel.full_state(self.model, self.optimizer)
+        return state if parallel.rank() == 0 else None
 
-    @register(RANK_ZERO)
+    @register(ALL)
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        parallel.load_full_state(self.model, self.optimizer, state)

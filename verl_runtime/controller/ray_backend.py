@@ -1,0 +1,227 @@
+"""The Ray backend: each worker is a Ray actor process holding the roles placed on its slot (CPUs or one GPU),
+created in a placement group; a RayWorkerGroup calls one role on them with the same dispatch modes as in-process.
+
+Placement (trainer.placement): ``colocated`` (the default) is one pool of trainer.n_workers processes, each holding
+the actor with its rollout engine, the reference, the reward and the critic -- they share the slot and pass no weights
+around. ``split`` gives the critic a pool of its own (e.g. cheaper GPUs). Each pool is one torch.distributed group
+(gloo on CPU, NCCL on GPU) for data-parallel training (see workers/parallel.py).
+
+Imported only when a run uses Ray (several workers, or a cluster to join): one-worker runs never start Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+
+from verl_runtime.config import Config
+from verl_runtime.controller.worker_group import BaseWorkerGroup
+from verl_runtime.errors import ConfigError, TrainingError
+
+
+def uses_ray(config: Config) -> bool:
+    return config.trainer.n_workers > 1 or bool(config.ray.address or os.environ.get("RAY_ADDRESS"))
+
+
+def start_worker_groups(config: Config, roles: list[str]) -> dict[str, RayWorkerGroup]:
+    """Join (or start) Ray, check that the placement fits, and start one worker group per role."""
+    resources = connect(config)
+    device = worker_device(config.trainer.device, resources)
+    slot = {"CPU": config.trainer.cpus_per_worker, **({"GPU": 1} if device == "cuda" else {})}
+    pools = [roles]
+    if config.trainer.placement == "split" and "critic" in roles:
+        pools = [[role for role in roles if role != "critic"], ["critic"]]
+    check_fits(slot, config.trainer.n_workers, len(pools), resources)
+    groups = {}
+    for pool_roles in pools:
+        pool = Pool.start(config, pool_roles, slot, device)
+        groups.update({role: RayWorkerGroup(role, pool) for role in pool_roles})
+    return groups
+
+
+def connect(config: Config) -> dict[str, float]:
+    """ray.init unless this process is connected already; the cluster's total resources."""
+    import ray
+
+    if not ray.is_initialized():
+        joining = bool(config.ray.address or os.environ.get("RAY_ADDRESS"))
+        ray.init(
+            address=config.ray.address,  # None: RAY_ADDRESS if set, else a new local cluster
+            num_cpus=None if joining else config.ray.num_cpus,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+        )
+    resources = ray.cluster_resources()
+    print(f"[INFO] Ray cluster: {sum(node['Alive'] for node in ray.nodes())} node(s), {resources.get('CPU', 0):g} CPUs, "
+          f"{resources.get('GPU', 0):g} GPUs", flush=True)
+    return resources
+
+
+def worker_device(name: str, resources: dict[str, float]) -> str:
+    """The workers' device: the cluster's GPUs decide (the controller itself may have none)."""
+    if name == "auto":
+        return "cuda" if resources.get("GPU", 0) >= 1 else "cpu"
+    return name
+
+
+def check_fits(slot: dict[str, float], n_workers: int, n_pools: int, resources: dict[str, float]) -> None:
+    for resource, amount in slot.items():
+        needed, have = amount * n_workers * n_pools, resources.get(resource, 0)
+        if needed > have:
+            pools = " x 2 pools (trainer.placement=split)" if n_pools > 1 else ""
+            raise ConfigError(
+                f"the placement needs {needed:g} {resource}s (trainer.n_workers={n_workers}{pools} x {amount:g}) but "
+                f"the Ray cluster has {have:g}: lower trainer.n_workers"
+                f"{' or trainer.cpus_per_worker' if resource == 'CPU' else ''}, or add nodes"
+            )
+
+
+class WorkerProcess:
+    """One Ray actor: the roles of one slot, rank `rank` of its pool's torch.distributed group."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+        self.roles: dict[str, Any] = {}
+        self.device = torch.device("cpu")
+
+    def rendezvous_address(self) -> str:
+        """host:port where rank 0 accepts the others."""
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def setup(self, config: Config, roles: list[str], device: str, master: str) -> None:
+        import torch.distributed as dist
+
+        from verl_runtime.models import load_tokenizer
+        from verl_runtime.trainer import seed_everything
+        from verl_runtime.workers import build_roles
+
+        self.device = torch.device(device)  # Ray shows a GPU worker its one GPU as cuda:0
+        if self.world_size > 1:
+            backend = "nccl" if device == "cuda" else "gloo"
+            dist.init_process_group(backend, init_method=f"tcp://{master}", rank=self.rank, world_size=self.world_size)
+        seed_everything(config.trainer.seed)  # as the in-process trainer does before building its roles
+        self.roles = build_roles(config, roles, load_tokenizer(config.model.path), self.device)
+
+    def call(self, role: str, method: str, *args, **kwargs) -> tuple[Any, float]:
+        """A role's method on this worker's device; its result on the CPU and the seconds it took."""
+        started = time.perf_counter()
+        result = getattr(self.roles[role], method)(*move(args, self.device), **kwargs)
+        return move(result, torch.device("cpu")), time.perf_counter() - started
+
+
+def move(value: Any, device: torch.device) -> Any:
+    """Tensors (also inside dicts, lists and tuples) on `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: move(item, device) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) and any(isinstance(item, (torch.Tensor, dict)) for item in value):
+        return type(value)(move(item, device) for item in value)
+    return value
+
+
+class Pool:
+    """The Ray actors of one placement group, and the roles they hold."""
+
+    def __init__(self, actors: list, placement, roles: list[str]):
+        self.actors, self.placement, self.roles = actors, placement, roles
+
+    @classmethod
+    def start(cls, config: Config, roles: list[str], slot: dict[str, float], device: str) -> Pool:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        n = config.trainer.n_workers
+        # GPU workers pack onto few nodes (fast links between GPUs); CPU workers spread to use every node's cores.
+        placement = placement_group([slot] * n, strategy="PACK" if device == "cuda" else "SPREAD")
+        if not placement.wait(timeout_seconds=60):
+            ray.util.remove_placement_group(placement)
+            raise ConfigError(f"Ray could not place {n} workers of {slot} within 60 s: no node has such a slot free; "
+                              "lower trainer.n_workers or trainer.cpus_per_worker")
+        remote = ray.remote(WorkerProcess)
+        actors = [
+            remote.options(
+                num_cpus=slot["CPU"], num_gpus=slot.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=rank),
+            ).remote(rank, n)
+            for rank in range(n)
+        ]
+        pool = cls(actors, placement, roles)
+        master = pool.gather([actors[0].rendezvous_address.remote()], "start-up")[0]
+        pool.gather([actor.setup.remote(config, roles, device, master) for actor in actors], "start-up")
+        nodes = len(set(pool.gather([actor.node_id.remote() for actor in actors], "start-up")))
+        print(f"[INFO] {n} Ray worker(s) for {', '.join(roles)} on {nodes} node(s), {device}", flush=True)
+        return pool
+
+    def gather(self, refs: list, what: str) -> list:
+        """The results of one call per rank, in rank order. The first failure ends the pool (the other ranks may be
+        waiting for the failed one inside a collective) and is raised: a dead worker as one line naming it."""
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        pending = list(refs)
+        while pending:
+            [ref], pending = ray.wait(pending, num_returns=1)
+            rank = rank_of[ref]
+            try:
+                results[rank] = ray.get(ref)
+            except RayActorError as exc:
+                self.close()
+                reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), "no reason given")
+                raise TrainingError(
+                    f"the {'/'.join(self.roles)} worker of rank {rank} died during {what} ({reason[:160]})"
+                ) from None
+            except RayTaskError as exc:
+                self.close()
+                if isinstance(exc.cause, (TrainingError, ConfigError, torch.OutOfMemoryError)):
+                    raise exc.cause from None
+                raise
+        return results
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        if self.actors:
+            ray.util.remove_placement_group(self.placement)
+        self.actors = []
+
+
+class RayWorkerGroup(BaseWorkerGroup):
+    """One role on a pool of Ray actors."""
+
+    def __init__(self, role: str, pool: Pool):
+        from verl_runtime.workers import ROLE_CLASSES
+
+        self.role, self.pool = role, pool
+        self.world_size = len(pool.actors)
+        self.worker_class = ROLE_CLASSES[role]
+
+    def run(self, name, args_per_rank, kwargs):
+        actors = self.pool.actors
+        if not actors:
+            raise TrainingError(f"the {self.role} workers were stopped after an earlier failure")
+        refs = [actor.call.remote(self.role, name, *args, **kwargs) for actor, args in zip(actors, args_per_rank)]
+        return self.pool.gather(refs, f"{self.role}.{name}")
+
+    def close(self) -> None:
+        self.pool.close()
