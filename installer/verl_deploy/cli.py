@@ -55,7 +55,7 @@ def doctor(
 
 # --- run, status, logs, stop, runs: launchers (one JobSpec, translated per target) ------------------------------
 
-_RUNS_DIR_OPTION = typer.Option(None, "--runs-dir", envvar="VERL_DEPLOY_RUNS", help="Where run directories live [default: ./runs].")
+_RUNS_DIR_OPTION = typer.Option(None, "--runs-dir", envvar="VERL_DEPLOY_RUNS", help="Where run directories live (default: ./runs).")
 
 
 def _launch_error(exc: Exception) -> typer.Exit:
@@ -78,8 +78,8 @@ def run(
     config: Path = typer.Argument(..., help="Training config (YAML), e.g. examples/quickstart.yaml."),
     target: str = typer.Option("docker", "--target", "-t", help="local | docker | k8s"),
     gpus: str = typer.Option(None, "--gpus", help="all, a count (2), indices (0,1) or UUIDs (GPU-...)."),
-    image: str = typer.Option(None, "--image", help="Image to run [default: the variant's local tag]."),
-    variant: str = typer.Option(None, "--variant", help="Image variant (docker/variants.yaml) [default: cpu, or doctor's choice with --gpus]."),
+    image: str = typer.Option(None, "--image", help="Image to run (default: the variant's local tag)."),
+    variant: str = typer.Option(None, "--variant", help="Image variant (docker/variants.yaml) (default: cpu, or doctor's choice with --gpus)."),
     overrides: list[str] = typer.Option([], "--set", help="Config override key=value (repeatable)."),
     env: list[str] = typer.Option([], "--env", "-e", help="Extra environment KEY=VALUE (repeatable; not for secrets)."),
     cpus: float = typer.Option(None, "--cpus", help="CPU limit (Docker) / request (Kubernetes)."),
@@ -88,9 +88,9 @@ def run(
     ipc_host: bool = typer.Option(False, "--ipc-host", help="Share the host's IPC namespace instead of --shm-size (Docker)."),
     nodes: int = typer.Option(1, "--nodes", help="Nodes; more than one runs a Ray cluster (Kubernetes: a RayJob)."),
     data: Path = typer.Option(None, "--data", help="Host data directory, mounted read-only at /data."),
-    hf_cache: Path = typer.Option(None, "--hf-cache", help="Host Hugging Face cache [default: $HF_HOME or ~/.cache/huggingface]."),
+    hf_cache: Path = typer.Option(None, "--hf-cache", help="Host Hugging Face cache (default: $HF_HOME or ~/.cache/huggingface)."),
     namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
-    run_id: str = typer.Option(None, "--run-id", help="Name of the run [default: <config>-<time>-<random>]."),
+    run_id: str = typer.Option(None, "--run-id", help="Name of the run (default: <config>-<time>-<random>)."),
     resume: str = typer.Option(None, "--resume", help="Continue run RUN_ID from its last checkpoint."),
     runs_dir: Path = _RUNS_DIR_OPTION,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run (docker run line, Kubernetes YAML); start nothing."),
@@ -139,8 +139,8 @@ def run(
 
 @app.command()
 def status(
-    run_id: str = typer.Argument(None, help="The run [default: all runs, as `runs`]."),
-    target: str = typer.Option(None, "--target", "-t", help="local | docker | k8s [default: as recorded]."),
+    run_id: str = typer.Argument(None, help="The run (default: all runs, as `runs`)."),
+    target: str = typer.Option(None, "--target", "-t", help="local | docker | k8s (default: as recorded)."),
     namespace: str = typer.Option(None, "--namespace", "-n"),
     runs_dir: Path = _RUNS_DIR_OPTION,
     json_output: bool = typer.Option(False, "--json", help="Print as JSON."),
@@ -211,7 +211,7 @@ def stop(
 
 @app.command("runs")
 def runs_(
-    target: str = typer.Option(None, "--target", "-t", help="Only this target [default: local and docker]."),
+    target: str = typer.Option(None, "--target", "-t", help="Only this target (default: local and docker)."),
     namespace: str = typer.Option(None, "--namespace", "-n"),
     runs_dir: Path = _RUNS_DIR_OPTION,
     json_output: bool = typer.Option(False, "--json", help="Print as JSON."),
@@ -324,13 +324,13 @@ def images_list() -> None:
 @app.command()
 def smoke(
     target: str = typer.Option("docker", "--target", "-t", help="local | docker | k8s"),
-    image: str = typer.Option(None, "--image", help="Image to prove [default: the variant's local tag]."),
-    variant: str = typer.Option(None, "--variant", help="Image variant [default: cpu, or doctor's choice with --gpus]."),
+    image: str = typer.Option(None, "--image", help="Image to prove (default: the variant's local tag)."),
+    variant: str = typer.Option(None, "--variant", help="Image variant (default: cpu, or doctor's choice with --gpus)."),
     gpus: str = typer.Option(None, "--gpus", help="GPUs for the run: all, a count, indices or UUIDs."),
     namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
     runs_dir: Path = _RUNS_DIR_OPTION,
-    json_path: Path = typer.Option(None, "--json", help="JSON summary [default: <run dir>/smoke.json]."),
-    junit_path: Path = typer.Option(None, "--junit", help="JUnit XML [default: <run dir>/smoke-junit.xml]."),
+    json_path: Path = typer.Option(None, "--json", help="JSON summary (default: <run dir>/smoke.json)."),
+    junit_path: Path = typer.Option(None, "--junit", help="JUnit XML (default: <run dir>/smoke-junit.xml)."),
     timeout_s: float = typer.Option(900, "--timeout", help="Seconds before the run counts as failed."),
 ) -> None:
     """Two training steps of the built-in tiny model in an image: one PASS/FAIL line, JSON and JUnit XML. Exit 0 on pass."""
