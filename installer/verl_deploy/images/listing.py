@@ -64,7 +64,8 @@ def host_reading() -> tuple[str | None, list[str]]:
 def table(found: list[Row], engine_note: str = "") -> Table:
     out = Table(title="verl-deploy image variants", caption=engine_note or None)
     for column in ("variant", "CUDA / torch", "local image", "size", "created", "runs here"):
-        out.add_column(column, no_wrap=column in ("local image", "created"))
+        # Long registry tags fold rather than squeezing the short columns to an ellipsis.
+        out.add_column(column, no_wrap=column in ("variant", "size", "created"), overflow="fold")
     for row in found:
         v, image = row.variant, row.images[0] if row.images else None
         runs = "[green]yes[/]" if row.verdict.runs else f"[yellow]no[/]: {row.verdict.reason}"
