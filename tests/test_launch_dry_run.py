@@ -91,6 +91,7 @@ def test_uuid_gpus_become_device_requests(config, tmp_path):
         (["run", "{config}", "--dry-run", "--image", "i", "--target", "k8s", "--gpus", "all"],
          "give a count"),
         (["run", "{config}", "--dry-run", "--image", "i", "-e", "HF_TOKEN=x"], "must come from the environment"),
+        (["run", "{config}", "--dry-run", "--image", "i", "-e", "HF_TOKEN"], "secrets pass from your environment"),
         (["run", "{config}", "--dry-run", "--image", "i", "--target", "moon"], "unknown target 'moon'"),
     ],
 )

@@ -103,10 +103,10 @@ def run(
     from verl_deploy.launchers import (
         CLUSTER_GPU_VARIANT, LaunchError, default_image, ensure_default_image, get_launcher,
     )
-    from verl_deploy.launchers.jobspec import build_spec, parse_gpus
+    from verl_deploy.launchers.jobspec import build_spec, parse_env, parse_gpus
 
     try:
-        extra_env = dict(item.split("=", 1) for item in env)
+        extra_env = parse_env(env)
         wanted_gpus = parse_gpus(gpus).wanted
         variant = variant or ("auto" if wanted_gpus else "cpu")
         if variant == "auto" and target == "k8s":

@@ -163,6 +163,15 @@ def host_user() -> str:
     return "1000:1000" if uid == 0 else f"{uid}:{gid}"
 
 
+def parse_env(items) -> dict[str, str]:
+    """--env KEY=VALUE items as a mapping; secrets are not passed this way (see SECRET_ENV)."""
+    for item in items:
+        if "=" not in item:
+            hint = " (secrets pass from your environment by name)" if item in SECRET_ENV else ""
+            raise LaunchError(f"--env {item!r} needs the form KEY=VALUE{hint}")
+    return dict(item.split("=", 1) for item in items)
+
+
 def build_spec(
     config: str | Path,
     *,
