@@ -356,6 +356,8 @@ def smoke(
         raise _launch_error(exc) from None
     smoke_test.write_json(result, json_path or spec.run_dir / "smoke.json")
     smoke_test.write_junit(result, junit_path or spec.run_dir / "smoke-junit.xml")
+    if not result.passed and result.log_tail:
+        typer.echo(result.log_tail.rstrip()[-2000:], err=True)  # what the run said last, before the verdict
     typer.echo(result.line)
     raise typer.Exit(0 if result.passed else 1)
 
