@@ -27,7 +27,7 @@ def write_data(w: Workload, total_steps: int, path: Path) -> Path:
     return path
 
 
-def ours_config(w: Workload, model_dir: str, data_file: Path, total_steps: int, run_dir: Path):
+def ours_config(w: Workload, model_dir: str, data_file: Path, total_steps: int, run_dir: Path, workers: int = 1):
     from verl_runtime.config import get_default_config
 
     c = get_default_config("grpo")
@@ -60,22 +60,26 @@ def ours_config(w: Workload, model_dir: str, data_file: Path, total_steps: int, 
     c.trainer.resume = "disable"
     c.trainer.test_freq = -1
     c.trainer.save_freq = -1
+    c.trainer.n_workers = workers  # more than 1: Ray actors, data-parallel over gloo (NCCL on GPUs)
     return c
 
 
-def run_ours(w: Workload, model_dir: str, total_steps: int, out_dir: Path) -> SideRun:
+def run_ours(w: Workload, model_dir: str, total_steps: int, out_dir: Path, workers: int = 1) -> SideRun:
     from verl_runtime.trainer import SingleControllerTrainer
 
     data = write_data(w, total_steps, out_dir / "train.jsonl")
     run_dir = out_dir / "run"
-    config = ours_config(w, model_dir, data, total_steps, run_dir)
+    config = ours_config(w, model_dir, data, total_steps, run_dir, workers)
     # The trainer's console lines go to a file, so the benchmark prints only its table.
     with open(out_dir / "console.log", "w") as log, contextlib.redirect_stdout(log):
-        SingleControllerTrainer(config).fit()
+        trainer = SingleControllerTrainer(config)
+        trainer.fit()
+        trainer.close()
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     steps = [m for m in map(json.loads, filter(None, lines)) if "timing_s/step" in m]
     return SideRun(
         [s["timing_s/step"] for s in steps],
         statistics.mean(s["response_length/mean"] for s in steps),
         min(s["response_length/max"] for s in steps),
+        controller_s=[s["timing_s/controller"] for s in steps],
     )

@@ -1,6 +1,6 @@
 """The GRPO workload both trainers run: presets, prompts and the shared numbers."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -51,3 +51,4 @@ class SideRun:
     step_times_s: list[float]
     response_length: float
     padded_length: float
+    controller_s: list[float] = field(default_factory=list)  # ours: per step, time outside the workers' methods

@@ -6,6 +6,7 @@ Each side runs warm-up + timed steps; the median timed step gives steps/s and ge
 
     python bench/grpo_vs_trl.py --preset cpu [--steps 5] [--warmup 2] [--only trl|ours] [--json FILE]
     python bench/grpo_vs_trl.py --preset gpu            # needs a CUDA GPU
+    python bench/grpo_vs_trl.py --only ours --workers 2 # ours on 1 worker (in-process) and on 2 Ray workers
 """
 
 import argparse
@@ -81,6 +82,24 @@ def render(w: Workload, results: list[Result], steps: int, warmup: int) -> str:
     return "\n".join(lines)
 
 
+def run_scaling(w: Workload, model: str, steps: int, warmup: int, tmp: Path, workers: int) -> str:
+    """Ours on 1 worker (in-process, the default) and on `workers` Ray workers: tokens/s and the controller's own
+    share of a step (the time outside the workers' methods: dispatch, transfers, advantages, metrics)."""
+    from _ours import run_ours
+
+    lines = [f"{'workers':<18}{'s/step':>9}{'tokens/s':>10}{'scaling':>9}{'controller':>12}"]
+    base = None
+    for n in (1, workers):
+        run = run_ours(w, model, warmup + steps, tmp / f"ours-{n}-workers", workers=n)
+        median = statistics.median(run.step_times_s[warmup:])
+        overhead = statistics.median(c / t for c, t in zip(run.controller_s[warmup:], run.step_times_s[warmup:]))
+        base = base or median
+        where = "in-process" if n == 1 else "Ray"
+        lines.append(f"{f'{n} ({where})':<18}{median:>9.3f}{w.tokens_per_step / median:>10,.0f}"
+                     f"{base / median:>8.2f}x{overhead:>11.1%}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
@@ -88,9 +107,12 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--only", choices=sorted(SIDES), help="run one side only")
     p.add_argument("--json", type=Path, help="also write the results to this file")
+    p.add_argument("--workers", type=int, help="also run ours on 1 and on N workers (Ray): scaling and controller overhead")
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.workers is not None and args.workers < 2:
+        p.error("--workers must be 2 or more (1 worker is the in-process run it is compared with)")
 
     w = PRESETS[args.preset]
     import torch
@@ -107,6 +129,8 @@ def main(argv=None) -> int:
         model = model_dir(w, tmp)
         results = [run_side(s, w, model, args.steps, args.warmup, tmp) for s in sides]
         print(render(w, results, args.steps, args.warmup))
+        if args.workers:
+            print(run_scaling(w, model, args.steps, args.warmup, tmp, args.workers))
 
     if args.json:
         payload = {

@@ -139,8 +139,7 @@ def test_gpus_without_docker_gpu_support_is_one_line_and_leaves_nothing(tmp_path
 
 @pytest.mark.slow
 def test_two_nodes_form_one_ray_cluster_and_stop_together(tmp_path, cpu_image, docker_client, cleanup):
-    """The launcher side of multi-node: a Ray head (running the trainer) and a worker on one network. Training
-    across both needs the runtime's Ray worker groups, which are not built yet; that test is still to come."""
+    """The launcher side of multi-node: a Ray head (running the trainer) and a worker on one network."""
     runs = tmp_path / "runs"
     cleanup.append("dock-ray")
     started = cli("run", QUICKSTART, "--target", "docker", "--image", cpu_image, "--nodes", "2", "--detach",
@@ -159,3 +158,20 @@ def test_two_nodes_form_one_ray_cluster_and_stop_together(tmp_path, cpu_image, d
     last = steps(runs / "dock-ray")[-1]
     assert (runs / "dock-ray" / "checkpoints" / f"step_{last}").is_dir()
     assert json.loads(cli("status", "dock-ray", "--runs-dir", runs, "--json").output)["state"] == "stopped"
+
+
+@pytest.mark.slow
+def test_two_nodes_train_one_run_across_both_containers(tmp_path, cpu_image, docker_client, cleanup):
+    """Multi-node training: two workers of a whole node's CPUs each (a container sees the host's CPUs) must take
+    one node each, and they train data-parallel over gloo from container to container."""
+    runs = tmp_path / "runs"
+    cleanup.append("dock-ray-dp")
+    result = cli("run", QUICKSTART, "--target", "docker", "--image", cpu_image, "--nodes", "2", "--runs-dir", runs,
+                 "--run-id", "dock-ray-dp", "--set", "trainer.n_workers=2", "--set", "trainer.total_training_steps=2",
+                 "--set", f"trainer.cpus_per_worker={os.cpu_count()}", *SHORT)
+    assert result.exit_code == 0, result.output
+    assert "[INFO] Ray cluster: 2 node(s)" in result.output
+    assert "2 Ray worker(s) for actor on 2 node(s), cpu" in result.output
+    assert steps(runs / "dock-ray-dp") == [1, 2]
+    assert (runs / "dock-ray-dp" / "checkpoints" / "step_2").is_dir()
+    assert not containers(docker_client, "dock-ray-dp", running_only=True)

@@ -33,7 +33,7 @@ def ray_session():
     except ImportError:
         ray = None
     require(ray is not None, "ray is not installed (pip install verl-deploy[runtime])")
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     yield
     ray.shutdown()
 
@@ -70,7 +70,7 @@ def test_two_workers_take_the_same_update_as_one(strategy):
         for name in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy"):
             assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), name
         for name, tensor in model_state(one).items():
-            torch.testing.assert_close(model_state(two)[name], tensor, rtol=0, atol=1e-6)
+            torch.testing.assert_close(model_state(two)[name], tensor, rtol=0, atol=1e-5)  # Adam: lr 1e-3 x ~sign(grad)
         with pytest.raises(TrainingError, match="step\\(\\) on 2 workers needs a multiple of 2 samples"):
             two.step(SAMPLES[:3])
     finally:
@@ -78,20 +78,24 @@ def test_two_workers_take_the_same_update_as_one(strategy):
 
 
 def test_grpo_on_two_workers_matches_one_worker(tmp_path):
-    """Rank 0 samples the whole batch from the same random stream, so both runs see the same samples."""
-    settings = ["trainer.total_training_steps=2", "actor.lr=1e-4"]
+    """Rank 0 samples the whole batch from the same random stream, so the runs see the same samples; step 2's samples
+    come from the updated weights (with FSDP, rank 0's whole copy for the rollout, refreshed in memory)."""
+    settings = ["trainer.total_training_steps=2", "actor.lr=3e-3"]
     SingleControllerTrainer(short_run(tmp_path / "one", *settings)).fit()
-    two = SingleControllerTrainer(short_run(tmp_path / "two", *settings, "trainer.n_workers=2"))
-    two.fit()
-    two.close()
-    one_metrics, two_metrics = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
-    assert [m["step"] for m in two_metrics] == [1, 2]
-    for expected, got in zip(one_metrics, two_metrics):
-        for name in ("critic/score/mean", "response_length/mean", "critic/advantages/max"):
-            assert got[name] == expected[name], name
-        for name in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy"):
-            assert got[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), name
-        assert 0 <= got["timing_s/controller"] < got["timing_s/step"]
+    expected_metrics = read_metrics(tmp_path / "one")
+    for strategy in ("dp", "fsdp"):
+        two = SingleControllerTrainer(short_run(tmp_path / strategy, *settings, "trainer.n_workers=2",
+                                                f"actor.strategy={strategy}"))
+        two.fit()
+        two.close()
+        metrics = read_metrics(tmp_path / strategy)
+        assert [m["step"] for m in metrics] == [1, 2]
+        for expected, got in zip(expected_metrics, metrics):
+            for name in ("critic/score/mean", "response_length/mean", "critic/advantages/max"):
+                assert got[name] == expected[name], (strategy, name)
+            for name in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy"):
+                assert got[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), (strategy, name)
+            assert 0 <= got["timing_s/controller"] < got["timing_s/step"]
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -144,7 +148,7 @@ def test_a_killed_worker_ends_the_run_naming_it_and_the_checkpoint_resumes(tmp_p
     thread.join(timeout=120)
     assert not thread.is_alive()
     [error] = errors
-    assert "the actor/reward/ref worker of rank 1 died during" in error, error
+    assert "the actor/ref worker of rank 1 died during" in error, error
     assert "training stopped, the last checkpoint" in error, error
 
     done = int(latest_checkpoint(tmp_path).name.removeprefix("step_"))

@@ -40,11 +40,12 @@ class SingleControllerTrainer:
         self.device = torch.device("cpu") if ray else pick_device(config.trainer.device)
         seed_everything(config.trainer.seed)
         self.tokenizer = load_tokenizer(config.model.path)
+        # With Ray, a rule-based reward stays here: scoring costs less than a round trip to the workers.
+        local = [role for role in roles if not ray or (role == "reward" and not config.reward.model_path)]
+        workers = build_roles(config, local, self.tokenizer, self.device)
+        groups = {role: WorkerGroup([worker]) for role, worker in workers.items()}
         if ray:
-            groups = start_worker_groups(config, roles)
-        else:
-            workers = build_roles(config, roles, self.tokenizer, self.device)
-            groups = {role: WorkerGroup([worker]) for role, worker in workers.items()}
+            groups.update(start_worker_groups(config, [role for role in roles if role not in local]))
         self.actor, self.reward = groups["actor"], groups["reward"]
         self.critic, self.ref = groups.get("critic"), groups.get("ref")
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)

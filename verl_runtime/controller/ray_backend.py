@@ -30,13 +30,27 @@ def uses_ray(config: Config) -> bool:
 
 def start_worker_groups(config: Config, roles: list[str]) -> dict[str, RayWorkerGroup]:
     """Join (or start) Ray, check that the placement fits, and start one worker group per role."""
-    resources = connect(config)
-    device = worker_device(config.trainer.device, resources)
+    import ray
+
+    joining = connect(config)
+    device = worker_device(config.trainer.device, ray.cluster_resources())
     slot = {"CPU": config.trainer.cpus_per_worker, **({"GPU": 1} if device == "cuda" else {})}
     pools = [roles]
     if config.trainer.placement == "split" and "critic" in roles:
         pools = [[role for role in roles if role != "critic"], ["critic"]]
-    check_fits(slot, config.trainer.n_workers, len(pools), resources)
+    # A cluster being joined may still be gaining nodes (they start beside this one): give them a minute.
+    deadline = time.monotonic() + (60 if joining else 0)
+    while True:
+        try:
+            check_fits(slot, config.trainer.n_workers, len(pools), ray.cluster_resources())
+            break
+        except ConfigError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(1)
+    resources = ray.cluster_resources()
+    print(f"[INFO] Ray cluster: {sum(node['Alive'] for node in ray.nodes())} node(s), {resources.get('CPU', 0):g} "
+          f"CPUs, {resources.get('GPU', 0):g} GPUs", flush=True)
     groups = {}
     for pool_roles in pools:
         pool = Pool.start(config, pool_roles, slot, device)
@@ -44,22 +58,20 @@ def start_worker_groups(config: Config, roles: list[str]) -> dict[str, RayWorker
     return groups
 
 
-def connect(config: Config) -> dict[str, float]:
-    """ray.init unless this process is connected already; the cluster's total resources."""
+def connect(config: Config) -> bool:
+    """ray.init unless this process is connected already; whether it joins a cluster started elsewhere."""
     import ray
 
+    joining = bool(config.ray.address or os.environ.get("RAY_ADDRESS"))
     if not ray.is_initialized():
-        joining = bool(config.ray.address or os.environ.get("RAY_ADDRESS"))
         ray.init(
-            address=config.ray.address,  # None: RAY_ADDRESS if set, else a new local cluster
+            # not joining: "local" starts a new cluster (None could pick up a stale one that `ray start` left behind)
+            address=config.ray.address if joining else "local",
             num_cpus=None if joining else config.ray.num_cpus,
             include_dashboard=False,
             logging_level=logging.WARNING,
         )
-    resources = ray.cluster_resources()
-    print(f"[INFO] Ray cluster: {sum(node['Alive'] for node in ray.nodes())} node(s), {resources.get('CPU', 0):g} CPUs, "
-          f"{resources.get('GPU', 0):g} GPUs", flush=True)
-    return resources
+    return joining
 
 
 def worker_device(name: str, resources: dict[str, float]) -> str:

@@ -51,7 +51,7 @@ class ActorWorker:
                 "enable_sleep_mode": config.rollout.enable_sleep_mode,
                 "dtype": resolve_dtype(config.model.dtype, device),  # vLLM's own copy computes in it, not in fp32
             }
-        return make_rollout_engine(config.rollout.name, self.rollout_model or self.model, tokenizer, device, **options)
+        return make_rollout_engine(config.rollout.name, self._rollout_weights(), tokenizer, device, **options)
 
     @register(RANK_ZERO)
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
@@ -141,6 +141,9 @@ class ActorWorker:
             metrics["actor/kl_coef"] = cfg.kl_loss_coef
         return metrics
 
+    def _rollout_weights(self) -> nn.Module:
+        return self.model if self.rollout_model is None else self.rollout_model
+
     def _sync_rollout(self) -> None:
         """Hand the updated weights to the rollout engine in memory (engines with their own copy: vLLM, FSDP's)."""
         if self.rollout_model is not None or parallel.is_sharded(self.model):
@@ -148,7 +151,7 @@ class ActorWorker:
             if self.rollout_model is not None:
                 self.rollout_model.load_state_dict(state)
         if self.rollout is not None:
-            self.rollout.sync_weights(self.rollout_model or self.model)
+            self.rollout.sync_weights(self._rollout_weights())
 
     @register(ALL)
     def state_dict(self) -> dict | None:
