@@ -55,7 +55,8 @@ def test_the_trainer_joins_a_running_cluster_from_ray_address(ray_head, tmp_path
     )
     train = subprocess.run(
         [sys.executable, "-m", "verl_runtime", "train", str(config)],
-        capture_output=True, text=True, env={**os.environ, "RAY_ADDRESS": ray_head}, timeout=300,
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "RAY_ADDRESS": ray_head, "RAY_AUTH_MODE": "disabled"},  # as the head (a local ray.init sets token)
     )
     assert train.returncode == 0, train.stdout[-2000:] + train.stderr[-2000:]
     assert "[INFO] Ray cluster: 1 node(s), 3 CPUs, 0 GPUs" in train.stdout  # the head's 3, not a new local Ray

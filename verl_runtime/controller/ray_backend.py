@@ -185,28 +185,36 @@ class Pool:
         """The results of one call per rank, in rank order. The first failure ends the pool (the other ranks may be
         waiting for the failed one inside a collective) and is raised: a dead worker as one line naming it."""
         import ray
+        from ray.exceptions import GetTimeoutError
+
+        while True:
+            try:
+                return ray.get(refs, timeout=1.0)  # the common case: one wait for all ranks
+            except GetTimeoutError:
+                pass  # a rank is still busy: look below for one that failed, which it may be waiting for
+            except Exception:
+                pass  # a rank failed: found below
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in ready:
+                self._raise_if_failed(ref, refs.index(ref), what)
+
+    def _raise_if_failed(self, ref, rank: int, what: str) -> None:
+        import ray
         from ray.exceptions import RayActorError, RayTaskError
 
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}
-        results: list[Any] = [None] * len(refs)
-        pending = list(refs)
-        while pending:
-            [ref], pending = ray.wait(pending, num_returns=1)
-            rank = rank_of[ref]
-            try:
-                results[rank] = ray.get(ref)
-            except RayActorError as exc:
-                self.close()
-                reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), "no reason given")
-                raise TrainingError(
-                    f"the {'/'.join(self.roles)} worker of rank {rank} died during {what} ({reason[:160]})"
-                ) from None
-            except RayTaskError as exc:
-                self.close()
-                if isinstance(exc.cause, (TrainingError, ConfigError, torch.OutOfMemoryError)):
-                    raise exc.cause from None
-                raise
-        return results
+        try:
+            ray.get(ref)
+        except RayActorError as exc:
+            self.close()
+            reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), "no reason given")
+            raise TrainingError(
+                f"the {'/'.join(self.roles)} worker of rank {rank} died during {what} ({reason[:160]})"
+            ) from None
+        except RayTaskError as exc:
+            self.close()
+            if isinstance(exc.cause, (TrainingError, ConfigError, torch.OutOfMemoryError)):
+                raise exc.cause from None
+            raise
 
     def close(self) -> None:
         import ray
