@@ -2,7 +2,9 @@
 
 ``fit()`` is the whole RL loop and reads top to bottom: sample, score, (reference log-probs, values, old
 log-probs), advantages, update critic and actor, log, validate, checkpoint. ``step(samples)`` is one policy
-update on samples the caller already has (the tutorial's API).
+update on samples the caller already has (the tutorial's API). The roles run in this process, or with
+trainer.n_workers > 1 (or a Ray cluster to join) on Ray actors that train data-parallel (controller/ray_backend.py);
+the loop is the same either way.
 """
 
 from __future__ import annotations
