@@ -123,11 +123,14 @@ class WorkerProcess:
         from verl_runtime.workers import build_roles
 
         self.device = torch.device(device)  # Ray shows a GPU worker its one GPU as cuda:0
+        # Before joining the process group: this builds builtin:tiny on a fresh node, and inside an initialised
+        # torch.distributed group transformers' save_pretrained writes the model files on rank 0 only.
+        tokenizer = load_tokenizer(config.model.path)
         if self.world_size > 1:
             backend = "nccl" if device == "cuda" else "gloo"
             dist.init_process_group(backend, init_method=f"tcp://{master}", rank=self.rank, world_size=self.world_size)
         seed_everything(config.trainer.seed)  # as the in-process trainer does before building its roles
-        self.roles = build_roles(config, roles, load_tokenizer(config.model.path), self.device)
+        self.roles = build_roles(config, roles, tokenizer, self.device)
 
     def call(self, role: str, method: str, *args, **kwargs) -> tuple[Any, float]:
         """A role's method on this worker's device; its result on the CPU and the seconds it took."""
