@@ -39,16 +39,7 @@ def start_worker_groups(config: Config, roles: list[str]) -> dict[str, RayWorker
     if config.trainer.placement == "split" and "critic" in roles:
         pools = [[role for role in roles if role != "critic"], ["critic"]]
     # A cluster being joined may still be gaining nodes (they start beside this one): give them a minute.
-    deadline = time.monotonic() + (60 if joining else 0)
-    while True:
-        try:
-            check_fits(slot, config.trainer.n_workers, len(pools), ray.cluster_resources())
-            break
-        except ConfigError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(1)
-    resources = ray.cluster_resources()
+    resources = wait_until_fits(slot, config.trainer.n_workers, len(pools), seconds=60 if joining else 0)
     print(f"[INFO] Ray cluster: {sum(node['Alive'] for node in ray.nodes())} node(s), {resources.get('CPU', 0):g} "
           f"CPUs, {resources.get('GPU', 0):g} GPUs", flush=True)
     groups = {}
@@ -79,6 +70,22 @@ def worker_device(name: str, resources: dict[str, float]) -> str:
     if name == "auto":
         return "cuda" if resources.get("GPU", 0) >= 1 else "cpu"
     return name
+
+
+def wait_until_fits(slot: dict[str, float], n_workers: int, n_pools: int, seconds: float) -> dict[str, float]:
+    """The cluster's resources once the placement fits them; check_fits' error after `seconds`."""
+    import ray
+
+    deadline = time.monotonic() + seconds
+    while True:
+        resources = ray.cluster_resources()
+        try:
+            check_fits(slot, n_workers, n_pools, resources)
+            return resources
+        except ConfigError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(1)
 
 
 def check_fits(slot: dict[str, float], n_workers: int, n_pools: int, resources: dict[str, float]) -> None:
