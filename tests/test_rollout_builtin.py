@@ -1,5 +1,6 @@
-"""Built-in decoder: the same tokens as transformers' generate under greedy decoding, the sampler's log-probs, EOS
-stopping, seeds, and the compiled (static cache, bucketed) path."""
+"""Built-in decoder: the same tokens as transformers' generate under greedy decoding (on the lean Llama-family path,
+the model-forward path and the static-cache path), the sampler's log-probs, EOS stopping, seeds, and the compiled
+(static cache, bucketed) path."""
 
 import copy
 
@@ -9,6 +10,7 @@ import torch
 from verl_runtime.models import build_tiny_model, load_causal_lm, load_tokenizer, response_log_probs
 from verl_runtime.rollout import SamplingParams, make_rollout_engine
 from verl_runtime.rollout.builtin import BuiltinRolloutEngine, sample
+from verl_runtime.rollout.lean_decoder import lean_decoding_applies
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +37,67 @@ def tiny_opt(tmp_path_factory, tiny):
     return load_causal_lm(path, None, "cpu"), load_tokenizer(path)
 
 
+def _save_with_tokenizer(model, tokenizer, path):
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return load_causal_lm(path, None, "cpu"), load_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory, tiny):
+    """A tiny Llama with what Qwen2 lacks: an untied lm_head, biases on o_proj and the MLP, llama3 rope scaling."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tokenizer = tiny
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+        max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(std=0.1)  # transformers initialises biases to zero: make them count
+    return _save_with_tokenizer(model, tokenizer, tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def tiny_mistral(tmp_path_factory, tiny):
+    """A tiny Mistral whose sliding window (8) is shorter than the sequences: the lean path must step aside."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    _, tokenizer = tiny
+    config = MistralConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, sliding_window=8, max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    return _save_with_tokenizer(MistralForCausalLM(config), tokenizer, tmp_path_factory.mktemp("mistral"))
+
+
 def _prompts(tokenizer):
     return [tokenizer.encode("Q: 2+3=?\nA:"), tokenizer.encode("Hi"), tokenizer.encode("Count: 1 2 3")]
 
 
-@pytest.mark.parametrize("model_name", ["tiny", "tiny_opt"])
-@pytest.mark.parametrize("static_cache", [False, True])
-def test_greedy_tokens_equal_transformers_generate(request, model_name, static_cache):
+PATHS = {"lean": {}, "forward": {"lean": False}, "static": {"static_cache": True}}
+MISTRAL_STATIC = ("tiny_mistral", "static")
+
+
+@pytest.mark.parametrize(
+    "model_name,path",
+    # Not the static cache with a sliding window: transformers' StaticCache then keeps only the window.
+    [(m, p) for m in ("tiny", "tiny_llama", "tiny_mistral", "tiny_opt") for p in PATHS if (m, p) != MISTRAL_STATIC],
+)
+def test_greedy_tokens_equal_transformers_generate(request, model_name, path):
     model, tokenizer = request.getfixturevalue(model_name)
     params = SamplingParams(n=2, max_new_tokens=24, do_sample=False)
     expected = make_rollout_engine("hf", model, tokenizer, "cpu").generate(_prompts(tokenizer), params)
-    batch = BuiltinRolloutEngine(model, tokenizer, "cpu", static_cache=static_cache).generate(_prompts(tokenizer), params)
+    batch = BuiltinRolloutEngine(model, tokenizer, "cpu", **PATHS[path]).generate(_prompts(tokenizer), params)
 
     assert torch.equal(batch.responses, expected.responses)
     for name in ("input_ids", "attention_mask", "position_ids", "response_mask"):
@@ -71,9 +123,20 @@ def test_builtin_is_a_registered_engine(tiny):
     assert engine.model is model
 
 
+def test_the_lean_path_takes_llama_family_models_on_the_cpu_only(tiny, tiny_llama, tiny_mistral, tiny_opt):
+    cpu = torch.device("cpu")
+    assert lean_decoding_applies(tiny[0], cpu, 200) and lean_decoding_applies(tiny_llama[0], cpu, 200)
+    assert not lean_decoding_applies(tiny_opt[0], cpu, 200)  # another architecture
+    assert lean_decoding_applies(tiny_mistral[0], cpu, 8) and not lean_decoding_applies(tiny_mistral[0], cpu, 9)
+    assert not lean_decoding_applies(tiny[0], torch.device("cuda"), 200)  # CUDA keeps the compiled path
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not lean_decoding_applies(tiny[0], cpu, 200)
+
+
+@pytest.mark.parametrize("model_name", ["tiny", "tiny_llama"])
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, -1, 1.0), (0.7, 20, 0.9)])
-def test_returned_log_probs_equal_the_trainers_recomputation(tiny, temperature, top_k, top_p):
-    model, tokenizer = tiny
+def test_returned_log_probs_equal_the_trainers_recomputation(request, model_name, temperature, top_k, top_p):
+    model, tokenizer = request.getfixturevalue(model_name)
     params = SamplingParams(n=3, max_new_tokens=16, temperature=temperature, top_k=top_k, top_p=top_p, seed=5)
     batch = make_rollout_engine("builtin", model, tokenizer, "cpu").generate(_prompts(tokenizer), params)
     with torch.no_grad():
@@ -82,6 +145,21 @@ def test_returned_log_probs_equal_the_trainers_recomputation(tiny, temperature, 
         )
     torch.testing.assert_close(batch.rollout_log_probs, recomputed * batch.response_mask, atol=1e-5, rtol=0)
     assert (batch.rollout_log_probs[batch.response_mask == 0] == 0).all()
+
+
+def test_the_lean_path_sees_weights_updated_in_place_at_the_next_call(tiny):
+    """The optimizer updates the actor's parameters in place; the next generate decodes with them."""
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
+    params = SamplingParams(n=1, max_new_tokens=12, do_sample=False)
+    engine = make_rollout_engine("builtin", model, tokenizer, "cpu")
+    hf = make_rollout_engine("hf", model, tokenizer, "cpu")
+    before = engine.generate(_prompts(tokenizer), params)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)))
+    after = engine.generate(_prompts(tokenizer), params)
+    assert not torch.equal(after.responses, before.responses)
+    assert torch.equal(after.responses, hf.generate(_prompts(tokenizer), params).responses)
 
 
 def test_rows_stop_at_eos_and_the_loop_ends_when_all_have(tiny):

@@ -4,6 +4,9 @@ Prefill once, then one forward per token with a KV cache; sampling (temperature,
 device with a seeded generator; rows stop at EOS and the loop ends when every row has. Each sampled token's
 log-prob (log_softmax(logits / T), what ``models.response_log_probs`` recomputes) comes back with the batch.
 
+On the CPU, Llama-family models (Qwen2, Llama, Mistral) decode through ``lean_decoder.LeanDecoder``: the same
+block maths on the model's own weights without transformers' per-step overhead (masks, cache objects, modules),
+about twice as fast with tiny models; ``lean_decoding_applies`` says when (everything else takes the model's forward).
 On CUDA the decode step runs as a CUDA graph: the model's forward is compiled once per run
 (``torch.compile(mode="reduce-overhead")``) over a static KV cache, with batch and cache length padded up to
 buckets so later calls reuse the captured graphs. On the CPU a dynamic cache without compilation is faster (the
@@ -19,6 +22,7 @@ import torch
 
 from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad
 from verl_runtime.rollout.hf import eos_token_ids
+from verl_runtime.rollout.lean_decoder import LeanDecoder, lean_decoding_applies
 
 # Compiled shapes are padded up to these multiples, so a run captures a handful of graphs, not one per call.
 BATCH_BUCKET = 8
@@ -30,6 +34,7 @@ class BuiltinRolloutEngine:
 
     compile: None picks CUDA graphs on CUDA and eager decoding elsewhere; True/False force it. Compiling implies the
     static cache; static_cache=True alone runs the same cache eagerly (how the CPU tests check that path).
+    lean=False decodes through the model's forward even where the lean path applies (how the tests compare both).
 
     Under autocast (fp32 master weights, bf16 compute: the actor on a GPU) the static cache cannot take the model
     as is: rotary embeddings leave keys in fp32 while values come out in bf16, and the cache holds one dtype. So
@@ -37,13 +42,16 @@ class BuiltinRolloutEngine:
     (fixed addresses, as the CUDA graphs need). The dynamic-cache path uses the actor's model directly.
     """
 
-    def __init__(self, model, tokenizer, device, compile: bool | None = None, static_cache: bool = False):
+    def __init__(
+        self, model, tokenizer, device, compile: bool | None = None, static_cache: bool = False, lean: bool = True
+    ):
         self.model = model
         self.device = torch.device(device)
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.compile = self.device.type == "cuda" if compile is None else compile
         self.static_cache = self.compile or static_cache
+        self.lean = lean
         self._step = None  # the compiled forward, built on first use and kept for the run
         self._cache = None  # the static KV cache of the last shape, reused so captured graphs stay valid
         self._cache_key = None  # (batch, length, dtype) of self._cache
@@ -89,40 +97,19 @@ class BuiltinRolloutEngine:
         return self._copy
 
     def _decode(self, model, prompt_ids, prompt_mask, params: SamplingParams):
-        rows, prompt_length = prompt_ids.shape
-        width = rows
-        if self.static_cache:
-            # Pad the batch with copies of row 0 (a real prompt: an all-padding row would give NaN logits).
-            width = _round_up(rows, BATCH_BUCKET) if self.compile else rows
-            extra = width - rows
-            prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(extra, -1)])
-            prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(extra, -1)])
-        total = prompt_length + params.max_new_tokens
-        length = _round_up(total, LENGTH_BUCKET) if self.compile else total
-        cache = self._kv_cache(width, length, next(model.parameters()).dtype)
-        cache_length = cache.get_max_length() if self.static_cache else total
-        # One mask for the whole run: generated tokens attend (1) and finished rows keep feeding pad tokens, as
-        # transformers' generate does; causality hides the not-yet-written slots.
-        mask = torch.ones(width, cache_length, dtype=torch.long, device=self.device)
-        mask[:, :prompt_length] = prompt_mask
-        positions = torch.clip(torch.cumsum(prompt_mask, dim=-1) - 1, min=0)
+        rows = prompt_ids.shape[0]
+        total = prompt_ids.shape[1] + params.max_new_tokens
+        if self.lean and not self.static_cache and lean_decoding_applies(model, self.device, total):
+            decoder = LeanDecoder(model, prompt_ids, prompt_mask, params.max_new_tokens)
+        else:
+            decoder = _ForwardDecoder(self, model, prompt_ids, prompt_mask, params.max_new_tokens)
         generator = _generator(params.seed, self.device)
-
-        logits = model(
-            input_ids=prompt_ids,
-            attention_mask=mask[:, : cache_length if self.static_cache else prompt_length],
-            position_ids=positions,
-            cache_position=torch.arange(prompt_length, device=self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]
+        logits = decoder.prefill()
+        width = logits.shape[0]  # the compiled path pads the batch up to a bucket
         responses = torch.full((width, params.max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
         log_probs = torch.zeros(width, params.max_new_tokens, device=self.device)
         finished = torch.zeros(width, dtype=torch.bool, device=self.device)
         eos = torch.tensor(self.eos_ids, device=self.device)
-        position = positions[:, -1:]
-        step = self._compiled_step(model) if self.compile else model
         for t in range(params.max_new_tokens):
             tokens, token_log_probs = sample(logits.float(), params, generator)
             tokens = tokens.masked_fill(finished, self.pad_id)
@@ -131,18 +118,7 @@ class BuiltinRolloutEngine:
             finished |= torch.isin(tokens, eos)
             if t == params.max_new_tokens - 1 or bool(finished[:rows].all()):
                 break
-            position = position + 1
-            cursor = prompt_length + t
-            if self.compile:
-                torch.compiler.cudagraph_mark_step_begin()  # the previous step's logits are consumed
-            logits = step(
-                input_ids=tokens[:, None],
-                attention_mask=mask if self.static_cache else mask[:, : cursor + 1],
-                position_ids=position,
-                cache_position=torch.tensor([cursor], device=self.device),
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
+            logits = decoder.step(tokens)
         return responses[:rows], log_probs[:rows]
 
     def _kv_cache(self, batch: int, length: int, dtype: torch.dtype):
@@ -163,6 +139,62 @@ class BuiltinRolloutEngine:
             # dynamic=False: one static graph per bucket shape, never a shape-generic one.
             self._step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
         return self._step
+
+
+class _ForwardDecoder:
+    """Decoding through the model's own forward with a transformers cache: every architecture, and the compiled
+    CUDA-graph path (static cache, batch and length padded up to buckets)."""
+
+    def __init__(self, engine: BuiltinRolloutEngine, model, prompt_ids, prompt_mask, max_new_tokens: int):
+        device, static = engine.device, engine.static_cache
+        rows, prompt_length = prompt_ids.shape
+        width = rows
+        if static:
+            # Pad the batch with copies of row 0 (a real prompt: an all-padding row would give NaN logits).
+            width = _round_up(rows, BATCH_BUCKET) if engine.compile else rows
+            extra = width - rows
+            prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(extra, -1)])
+            prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(extra, -1)])
+        total = prompt_length + max_new_tokens
+        length = _round_up(total, LENGTH_BUCKET) if engine.compile else total
+        self.cache = engine._kv_cache(width, length, next(model.parameters()).dtype)
+        cache_length = self.cache.get_max_length() if static else total
+        # One mask for the whole run: generated tokens attend (1) and finished rows keep feeding pad tokens, as
+        # transformers' generate does; causality hides the not-yet-written slots.
+        self.mask = torch.ones(width, cache_length, dtype=torch.long, device=device)
+        self.mask[:, :prompt_length] = prompt_mask
+        self.positions = torch.clip(torch.cumsum(prompt_mask, dim=-1) - 1, min=0)
+        self.prompt_ids, self.static, self.compile, self.device = prompt_ids, static, engine.compile, device
+        self.model = model
+        self.forward = engine._compiled_step(model) if engine.compile else model
+        self.cursor = prompt_length
+
+    def prefill(self) -> torch.Tensor:
+        prompt_length = self.prompt_ids.shape[1]
+        return self.model(
+            input_ids=self.prompt_ids,
+            attention_mask=self.mask if self.static else self.mask[:, :prompt_length],
+            position_ids=self.positions,
+            cache_position=torch.arange(prompt_length, device=self.device),
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        cursor = self.cursor
+        self.cursor += 1
+        position = self.positions[:, -1:] + (cursor - self.prompt_ids.shape[1] + 1)
+        if self.compile:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's logits are consumed
+        return self.forward(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask if self.static else self.mask[:, : cursor + 1],
+            position_ids=position,
+            cache_position=torch.tensor([cursor], device=self.device),
+            past_key_values=self.cache,
+            use_cache=True,
+        ).logits[:, -1]
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor]:
