@@ -76,6 +76,9 @@ class LeanDecoder:
         # and attending, as transformers' generate does; their tokens are masked out afterwards).
         self.visible = torch.cat([prompt_mask.bool(), prompt_mask.new_ones(rows, max_new_tokens, dtype=torch.bool)], 1)
         self.visible = self.visible[:, None, None, :]  # [B, 1, 1, total]
+        # The decode steps' mask as SDPA uses it inside (0 or -inf added to the scores), converted once, not per step.
+        self.step_mask = torch.zeros(self.visible.shape, dtype=weight.dtype, device=weight.device)
+        self.step_mask.masked_fill_(~self.visible, -float("inf"))
         self.cursor = 0
 
     def prefill(self) -> torch.Tensor:
@@ -85,7 +88,7 @@ class LeanDecoder:
         return self._forward(self.prompt_ids, mask)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self._forward(tokens[:, None], self.visible[..., : self.cursor + 1])
+        return self._forward(tokens[:, None], self.step_mask[..., : self.cursor + 1])
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         start, end = self.cursor, self.cursor + ids.shape[1]
