@@ -42,7 +42,9 @@ def _cache(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_quickstart_reward_climbs(tmp_path):
-    assert_climbs(train_quickstart(tmp_path))
+    metrics = train_quickstart(tmp_path)
+    assert_climbs(metrics)
+    assert max(m["rollout/logprob_diff"] for m in metrics) < 1e-4  # the decoder samples the trained policy
 
 
 @pytest.mark.slow
@@ -51,3 +53,5 @@ def test_quickstart_reward_climbs_with_vllm_rollout(tmp_path):
     require(VLLM_INSTALLED, VLLM_MISSING)
     metrics = train_quickstart(tmp_path, "--set", "rollout.name=vllm")
     assert_climbs(metrics)
+    # vLLM's log-probs of its samples match the trainer's at every step: the synced weights are the trained ones.
+    assert max(m["rollout/logprob_diff"] for m in metrics) < 1e-2

@@ -62,7 +62,10 @@ class ActorWorker:
         """
         with self.mixed_precision():
             rollout = self.rollout.generate(prompt_ids, params)
-        return {key: getattr(rollout, key) for key in ROLLOUT_KEYS}
+        batch = {key: getattr(rollout, key) for key in ROLLOUT_KEYS}
+        if rollout.rollout_log_probs is not None:  # the sampler's own log-probs, for rollout/logprob_diff
+            batch["rollout_log_probs"] = rollout.rollout_log_probs
+        return batch
 
     @register(DP_SPLIT)
     def compute_log_prob(self, batch: dict) -> torch.Tensor:
@@ -82,8 +85,9 @@ class ActorWorker:
         on_policy = "old_log_prob" not in batch
         response_length = batch["responses"].shape[1]
         stats = defaultdict(list)
+        sampler_gap = []  # |sampler - trainer| log-prob per token, before any update: rollout/logprob_diff
         self.model.train()
-        for _ in range(cfg.ppo_epochs):
+        for epoch in range(cfg.ppo_epochs):
             for mini in chunks(batch, mini_batch_size // parallel.world_size()):  # this rank's share of it
                 # The loss is normalised by the whole mini-batch's tokens/sequences (all ranks), so the micro-batch
                 # losses add up to it and accumulation gives exactly the mini-batch gradient.
@@ -98,6 +102,8 @@ class ActorWorker:
                             response_length, temperature=self.config.rollout.temperature, with_entropy=True,
                         )
                     old_log_prob = log_prob.detach() if on_policy else micro["old_log_prob"]
+                    if epoch == 0 and "rollout_log_probs" in micro:
+                        sampler_gap.append((micro["rollout_log_probs"] - old_log_prob).abs()[mask.bool()])
                     pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
                         old_log_prob, log_prob, micro["advantages"], mask,
                         cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low,
@@ -136,6 +142,10 @@ class ActorWorker:
         self.model.eval()
         self._sync_rollout()
         metrics = {key: sum(v) / len(v) for key, v in stats.items()}
+        if sampler_gap:
+            gaps = torch.cat(sampler_gap)
+            total = parallel.sum_across_ranks({"sum": float(gaps.sum()), "tokens": gaps.numel()})
+            metrics["rollout/logprob_diff"] = total["sum"] / max(total["tokens"], 1)
         metrics["actor/lr"] = cfg.lr
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"] = cfg.kl_loss_coef
