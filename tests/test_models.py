@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM
 from verl_runtime.errors import ModelError
 from verl_runtime.models import (
     BUILTIN_TINY,
+    TINY_CACHE_NAME,
     build_tiny_model,
     default_dtype,
     load_causal_lm,
@@ -24,18 +25,18 @@ from verl_runtime.models import (
 def test_builtin_tiny_is_built_once_into_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("VERL_RUNTIME_CACHE", str(tmp_path))
     # A temp dir left behind by a crashed build must not be mistaken for the model.
-    (tmp_path / ".builtin-tiny-v1.tmp-crashed").mkdir()
+    (tmp_path / f".{TINY_CACHE_NAME}.tmp-crashed").mkdir()
 
     first = resolve_model_path(BUILTIN_TINY)
-    stamp = (tmp_path / "builtin-tiny-v1" / "model.safetensors").stat().st_mtime_ns
+    stamp = (tmp_path / TINY_CACHE_NAME / "model.safetensors").stat().st_mtime_ns
     again = resolve_model_path(BUILTIN_TINY)
 
-    assert first == again == str(tmp_path / "builtin-tiny-v1")
-    assert (tmp_path / "builtin-tiny-v1" / "model.safetensors").stat().st_mtime_ns == stamp
+    assert first == again == str(tmp_path / TINY_CACHE_NAME)
+    assert (tmp_path / TINY_CACHE_NAME / "model.safetensors").stat().st_mtime_ns == stamp
     model = AutoModelForCausalLM.from_pretrained(first)
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert (model.config.hidden_size, model.config.num_hidden_layers) == (64, 2)
-    assert (model.config.num_attention_heads, model.config.num_key_value_heads) == (4, 2)
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads) == (2, 1)  # head_dim 32, for vLLM
     assert model.config.tie_word_embeddings and model.config.max_position_embeddings == 1024
 
 
@@ -48,8 +49,8 @@ def test_concurrent_builds_leave_one_complete_model(tmp_path, monkeypatch):
     for thread in threads:
         thread.join()
 
-    assert results == [str(tmp_path / "builtin-tiny-v1")] * 3
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["builtin-tiny-v1"]
+    assert results == [str(tmp_path / TINY_CACHE_NAME)] * 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == [TINY_CACHE_NAME]
     assert load_tokenizer(BUILTIN_TINY).decode(load_tokenizer(BUILTIN_TINY).encode("ok")) == "ok"
 
 

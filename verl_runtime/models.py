@@ -20,7 +20,7 @@ from verl_runtime.errors import ConfigError, ModelError
 
 BUILTIN_TINY = "builtin:tiny"
 # Bump the suffix whenever the built model or tokenizer changes, so stale caches are not reused.
-_TINY_CACHE_NAME = "builtin-tiny-v2"
+TINY_CACHE_NAME = "builtin-tiny-v2"
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -74,12 +74,12 @@ def resolve_model_path(path: str) -> str:
 
 def _cached_tiny_model() -> Path:
     """Build builtin:tiny once per cache; concurrent builders race safely (temp dir + rename)."""
-    final = cache_root() / _TINY_CACHE_NAME
+    final = cache_root() / TINY_CACHE_NAME
     if (final / "config.json").is_file():
         return final
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{_TINY_CACHE_NAME}.tmp-", dir=final.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_CACHE_NAME}.tmp-", dir=final.parent))
     except OSError as exc:
         raise ModelError(
             f"cannot build {BUILTIN_TINY} in {final.parent} ({exc.strerror}): "
