@@ -27,7 +27,9 @@ def write_data(w: Workload, total_steps: int, path: Path) -> Path:
     return path
 
 
-def ours_config(w: Workload, model_dir: str, data_file: Path, total_steps: int, run_dir: Path, workers: int = 1):
+def ours_config(
+    w: Workload, model_dir: str, data_file: Path, total_steps: int, run_dir: Path, workers: int = 1, engine: str = "builtin"
+):
     from verl_runtime.config import get_default_config
 
     c = get_default_config("grpo")
@@ -38,7 +40,7 @@ def ours_config(w: Workload, model_dir: str, data_file: Path, total_steps: int, 
     c.data.batch_size = w.prompts
     c.data.max_response_length = w.new_tokens
     c.data.shuffle = True
-    c.rollout.name = "hf"
+    c.rollout.name = engine
     c.rollout.n = w.samples
     c.rollout.temperature = 1.0
     c.rollout.log_prob_micro_batch_size_per_gpu = w.micro_batch
@@ -64,12 +66,14 @@ def ours_config(w: Workload, model_dir: str, data_file: Path, total_steps: int, 
     return c
 
 
-def run_ours(w: Workload, model_dir: str, total_steps: int, out_dir: Path, workers: int = 1) -> SideRun:
+def run_ours(
+    w: Workload, model_dir: str, total_steps: int, out_dir: Path, workers: int = 1, engine: str = "builtin"
+) -> SideRun:
     from verl_runtime.trainer import SingleControllerTrainer
 
     data = write_data(w, total_steps, out_dir / "train.jsonl")
     run_dir = out_dir / "run"
-    config = ours_config(w, model_dir, data, total_steps, run_dir, workers)
+    config = ours_config(w, model_dir, data, total_steps, run_dir, workers, engine)
     # The trainer's console lines go to a file, so the benchmark prints only its table.
     with open(out_dir / "console.log", "w") as log, contextlib.redirect_stdout(log):
         trainer = SingleControllerTrainer(config)

@@ -5,6 +5,7 @@ learning rate, no KL term, one optimizer step per batch (bench/README.md says ho
 Each side runs warm-up + timed steps; the median timed step gives steps/s and generated tokens/s.
 
     python bench/grpo_vs_trl.py --preset cpu [--steps 5] [--warmup 2] [--only trl|ours] [--json FILE]
+    python bench/grpo_vs_trl.py --engines builtin,hf,vllm   # ours with each rollout engine (default: all installed)
     python bench/grpo_vs_trl.py --preset gpu            # needs a CUDA GPU
     python bench/grpo_vs_trl.py --only ours --workers 2 # ours on 1 worker (in-process) and on 2 Ray workers
 """
@@ -28,11 +29,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # verl_runtime 
 from _workload import PRESETS, Workload  # noqa: E402
 
 SIDES = {"trl": "TRL GRPOTrainer", "ours": "verl_runtime"}
+ENGINES = ("builtin", "hf", "vllm")  # verl_runtime's rollout engines (rollout.name)
+
+
+def installed_engines() -> list[str]:
+    import importlib.util
+
+    return [e for e in ENGINES if e != "vllm" or importlib.util.find_spec("vllm") is not None]
 
 
 @dataclass
 class Result:
     side: str
+    engine: str  # ours: the rollout engine; TRL: its own generate
     step_times_s: list[float]  # timed steps only
     tokens_per_step: int
     response_length: float  # mean over all steps, as the trainer itself reports it
@@ -51,9 +60,9 @@ class Result:
         return self.tokens_per_step / self.median_s
 
 
-def run_side(side: str, w: Workload, model: str, steps: int, warmup: int, tmp: Path) -> Result:
+def run_side(side: str, engine: str, w: Workload, model: str, steps: int, warmup: int, tmp: Path) -> Result:
     total = warmup + steps
-    out = tmp / side
+    out = tmp / f"{side}-{engine}"
     if side == "trl":
         from _trl import run_trl
 
@@ -61,24 +70,24 @@ def run_side(side: str, w: Workload, model: str, steps: int, warmup: int, tmp: P
     else:
         from _ours import run_ours
 
-        run = run_ours(w, model, total, out)
+        run = run_ours(w, model, total, out, engine=engine)
     if len(run.step_times_s) != total:
         raise RuntimeError(f"{side}: expected {total} step times, got {len(run.step_times_s)}")
-    return Result(side, run.step_times_s[warmup:], w.tokens_per_step, run.response_length, run.padded_length)
+    return Result(side, engine, run.step_times_s[warmup:], w.tokens_per_step, run.response_length, run.padded_length)
 
 
 def render(w: Workload, results: list[Result], steps: int, warmup: int) -> str:
     lines = [
         f"preset {w.preset}: {w.prompts} prompts x {w.samples} samples x {w.new_tokens} tokens, {w.dtype} on "
         f"{w.device}; median of {steps} steps after {warmup} warm-up",
-        f"{'trainer':<18}{'s/step':>9}{'steps/s':>9}{'tokens/s':>10}{'len mean/pad':>14}",
+        f"{'trainer':<26}{'s/step':>9}{'steps/s':>9}{'tokens/s':>10}{'len mean/pad':>14}{'vs TRL':>9}",
     ]
+    trl = next((r for r in results if r.side == "trl"), None)
     for r in results:
         length = f"{r.response_length:.1f}/{r.padded_length:.0f}"
-        lines.append(f"{SIDES[r.side]:<18}{r.median_s:>9.3f}{r.steps_per_s:>9.2f}{r.tokens_per_s:>10,.0f}{length:>14}")
-    by_side = {r.side: r for r in results}
-    if len(by_side) == 2:
-        lines.append(f"{'ratio ours/TRL':<18}{'':>9}{by_side['ours'].steps_per_s / by_side['trl'].steps_per_s:>9.2f}x")
+        name = SIDES[r.side] if r.side == "trl" else f"{SIDES[r.side]} ({r.engine})"
+        ratio = f"{r.steps_per_s / trl.steps_per_s:>8.2f}x" if trl and r is not trl else ""
+        lines.append(f"{name:<26}{r.median_s:>9.3f}{r.steps_per_s:>9.2f}{r.tokens_per_s:>10,.0f}{length:>14}{ratio}")
     return "\n".join(lines)
 
 
@@ -107,6 +116,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--only", choices=sorted(SIDES), help="run one side only")
     p.add_argument("--json", type=Path, help="also write the results to this file")
+    p.add_argument("--engines", help="ours' rollout engines, comma-separated (default: every installed one of "
+                   f"{','.join(ENGINES)})")
     p.add_argument("--workers", type=int, help="also run ours on 1 and on N workers (Ray): scaling and controller overhead")
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
@@ -123,11 +134,16 @@ def main(argv=None) -> int:
 
     from _models import model_dir
 
-    sides = [args.only] if args.only else ["trl", "ours"]
+    engines = args.engines.split(",") if args.engines else installed_engines()
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        p.error(f"unknown engine(s) {', '.join(unknown)}: choose from {', '.join(ENGINES)}")
+    runs = [("trl", "generate")] if args.only != "ours" else []
+    runs += [("ours", e) for e in engines] if args.only != "trl" else []
     with tempfile.TemporaryDirectory(prefix="grpo_vs_trl-") as d:
         tmp = Path(d)
         model = model_dir(w, tmp)
-        results = [run_side(s, w, model, args.steps, args.warmup, tmp) for s in sides]
+        results = [run_side(side, engine, w, model, args.steps, args.warmup, tmp) for side, engine in runs]
         print(render(w, results, args.steps, args.warmup))
         if args.workers:
             print(run_scaling(w, model, args.steps, args.warmup, tmp, args.workers))
@@ -137,10 +153,10 @@ def main(argv=None) -> int:
             "workload": asdict(w),
             "steps": args.steps,
             "warmup": args.warmup,
-            "results": {
-                r.side: {**asdict(r), "median_s": r.median_s, "steps_per_s": r.steps_per_s, "tokens_per_s": r.tokens_per_s}
+            "results": [
+                {**asdict(r), "median_s": r.median_s, "steps_per_s": r.steps_per_s, "tokens_per_s": r.tokens_per_s}
                 for r in results
-            },
+            ],
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
     return 0
