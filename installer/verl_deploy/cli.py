@@ -348,7 +348,7 @@ def smoke(
             variant = CLUSTER_GPU_VARIANT
         if image is None:
             image = ensure_default_image(variant) if target == "docker" else default_image(variant)
-        config = smoke_test.write_config(root / run_id)
+        config = smoke_test.write_config(root, run_id)
         spec = build_spec(config, image=image, variant=None if variant == "auto" else variant, runs_root=root,
                           run_id=run_id, gpus=gpus, shm_size="1g", namespace=namespace)
         result = smoke_test.run_smoke(get_launcher(target, root, namespace), spec, timeout_s=timeout_s)

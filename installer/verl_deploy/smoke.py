@@ -44,9 +44,11 @@ class SmokeResult:
         return f"smoke {verdict} [{self.target}] {self.image}: {what} (run {self.run_id})"
 
 
-def write_config(directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "smoke.yaml"
+def write_config(runs_root: Path, run_id: str) -> Path:
+    """The smoke config, beside the runs rather than in the run directory: the launcher creates that one, owned by
+    the container's user, and a directory made here first (as root, say) would leave the trainer unable to write."""
+    path = runs_root / ".smoke" / f"{run_id}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(CONFIG)
     return path
 
