@@ -1,7 +1,6 @@
 """``python -m verl_runtime``: the container entrypoint, its run directory, and one-line errors for bad input."""
 
 import json
-import os
 import subprocess
 import sys
 

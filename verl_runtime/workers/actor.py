@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 from collections import defaultdict
 
 import torch
@@ -13,7 +12,6 @@ from torch import nn
 from verl_runtime.algorithms import agg_loss, compute_policy_loss, kl_penalty
 from verl_runtime.config import Config
 from verl_runtime.controller import ALL, DP_SPLIT, RANK_ZERO, chunks, register
-from verl_runtime.errors import TrainingError
 from verl_runtime.models import load_causal_lm, resolve_dtype, response_log_probs
 from verl_runtime.rollout import SamplingParams, make_rollout_engine
 from verl_runtime.workers import parallel
@@ -127,18 +125,12 @@ class ActorWorker:
                     totals["actor/pg_clipfrac"] += clipfrac.detach() * share
                     totals["actor/ppo_kl"] += ppo_kl.detach() * share
                     totals["actor/pg_clipfrac_lower"] += clipfrac_lower.detach() * share
-                parallel.sum_gradients(self.model)
-                grad_norm = parallel.full_norm(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
-                values = parallel.sum_across_ranks({key: float(value) for key, value in totals.items()})
-                if not (math.isfinite(values["actor/loss"]) and math.isfinite(grad_norm)):
-                    raise TrainingError(
-                        f"the actor diverged (loss {values['actor/loss']:.4g}, gradient norm {float(grad_norm):.4g}): "
-                        f"lower actor.lr (now {cfg.lr:g}) or check the rewards"
-                    )
-                self.optimizer.step()
+                values, grad_norm = parallel.finish_mini_batch(
+                    self.model, self.optimizer, totals, cfg.grad_clip, "actor/loss", "actor.lr", cfg.lr
+                )
                 for key, value in values.items():
                     stats[key].append(value)
-                stats["actor/grad_norm"].append(float(grad_norm))
+                stats["actor/grad_norm"].append(grad_norm)
         self.model.eval()
         self._sync_rollout()
         metrics = {key: sum(v) / len(v) for key, v in stats.items()}

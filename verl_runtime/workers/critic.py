@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 import torch
-from torch import nn
 
 from verl_runtime.algorithms import compute_value_loss, masked_mean
 from verl_runtime.config import Config
 from verl_runtime.controller import ALL, DP_SPLIT, chunks, register
-from verl_runtime.errors import TrainingError
 from verl_runtime.models import load_value_model, response_values
 from verl_runtime.workers import parallel
 from verl_runtime.workers.actor import disable_dropout, mixed_precision
@@ -72,18 +69,12 @@ class CriticWorker:
                     totals["critic/vf_loss"] += vf_loss.detach()
                     totals["critic/vf_clipfrac"] += vf_clipfrac.detach() * share
                     totals["critic/vpred_mean"] += masked_mean(vpreds.detach(), mask) * share
-                parallel.sum_gradients(self.model)
-                grad_norm = parallel.full_norm(nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
-                values = parallel.sum_across_ranks({key: float(value) for key, value in totals.items()})
-                if not (math.isfinite(values["critic/vf_loss"]) and math.isfinite(grad_norm)):
-                    raise TrainingError(
-                        f"the critic diverged (loss {values['critic/vf_loss']:.4g}, gradient norm {float(grad_norm):.4g}): "
-                        f"lower critic.lr (now {cfg.lr:g}) or check the rewards"
-                    )
-                self.optimizer.step()
+                values, grad_norm = parallel.finish_mini_batch(
+                    self.model, self.optimizer, totals, cfg.grad_clip, "critic/vf_loss", "critic.lr", cfg.lr
+                )
                 for key, value in values.items():
                     stats[key].append(value)
-                stats["critic/grad_norm"].append(float(grad_norm))
+                stats["critic/grad_norm"].append(grad_norm)
         self.model.eval()
         metrics = {key: sum(v) / len(v) for key, v in stats.items()}
         metrics["critic/lr"] = cfg.lr

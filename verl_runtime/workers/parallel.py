@@ -8,11 +8,14 @@ of one worker on B samples. In one process (the in-process backend) all of this 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from verl_runtime.algorithms import make_global_batch_info
+from verl_runtime.errors import TrainingError
 
 
 def world_size() -> int:
@@ -135,3 +138,23 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: d
     }
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state,
                    options=StateDictOptions(full_state_dict=True))
+
+
+def finish_mini_batch(
+    model: nn.Module, optimizer, totals: dict, grad_clip: float, loss_key: str, lr_key: str, lr: float
+) -> tuple[dict[str, float], float]:
+    """Sum gradients and metric shares across ranks, clip, refuse a diverged step, then step the optimizer.
+
+    Returns the mini-batch's metrics (global) and its gradient norm.
+    """
+    sum_gradients(model)
+    grad_norm = float(full_norm(nn.utils.clip_grad_norm_(model.parameters(), grad_clip)))
+    values = sum_across_ranks({key: float(value) for key, value in totals.items()})
+    if not (math.isfinite(values[loss_key]) and math.isfinite(grad_norm)):
+        role = loss_key.split("/")[0]
+        raise TrainingError(
+            f"the {role} diverged (loss {values[loss_key]:.4g}, gradient norm {grad_norm:.4g}): "
+            f"lower {lr_key} (now {lr:g}) or check the rewards"
+        )
+    optimizer.step()
+    return values, grad_norm
