@@ -6,36 +6,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from conftest import REPO
-from typer.testing import CliRunner
+from launch_support import QUICKSTART, cli, metrics_steps, wait_for
 
-from verl_deploy.cli import app
 from verl_deploy.launchers.jobspec import RUN_ID_LABEL
 
 pytestmark = pytest.mark.docker
-QUICKSTART = REPO / "examples" / "quickstart.yaml"
 SHORT = ["--set", "data.max_response_length=8", "--set", "trainer.test_freq=-1", "--shm-size", "1g"]
-
-
-def cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def steps(run_dir):
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_for(predicate, timeout_s=180):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
 
 
 def containers(docker_client, run_id, running_only=False):
@@ -60,7 +38,7 @@ def test_quickstart_trains_in_a_container_to_completion(tmp_path, cpu_image, doc
     assert result.exit_code == 0, result.output
     assert "step 2/2" in result.output  # streamed live from the container
     run_dir = runs / "dock-2"
-    assert steps(run_dir) == [1, 2]
+    assert metrics_steps(run_dir) == [1, 2]
     assert (run_dir / "checkpoints" / "step_2").is_dir()
     expected_uid = os.getuid() or 1000  # the caller's files; a root caller's runs belong to the image's user
     assert (run_dir / "metrics.jsonl").stat().st_uid == expected_uid
@@ -83,13 +61,13 @@ def test_killed_container_resumes_without_losing_a_step(tmp_path, cpu_image, doc
     started = cli("run", QUICKSTART, *common, "--run-id", "dock-kill", "--detach",
                   "--set", "trainer.total_training_steps=100")
     assert started.exit_code == 0, started.output
-    assert wait_for(lambda: len(steps(run_dir)) >= 2)
+    assert wait_for(lambda: len(metrics_steps(run_dir)) >= 2)
     containers(docker_client, "dock-kill")[0].kill()  # SIGKILL: no chance to checkpoint
     done = max(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*"))
 
     resumed = cli("run", QUICKSTART, *common, "--resume", "dock-kill", "--set", f"trainer.total_training_steps={done + 1}")
     assert resumed.exit_code == 0, resumed.output
-    assert steps(run_dir) == list(range(1, done + 2)), "every completed step kept, none repeated"
+    assert metrics_steps(run_dir) == list(range(1, done + 2)), "every completed step kept, none repeated"
     assert not containers(docker_client, "dock-kill", running_only=True)
 
 
@@ -104,7 +82,7 @@ def test_ctrl_c_leaves_a_checkpoint_and_nothing_running(tmp_path, cpu_image, doc
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        assert wait_for(lambda: len(steps(run_dir)) >= 1)
+        assert wait_for(lambda: len(metrics_steps(run_dir)) >= 1)
         cli_process.send_signal(signal.SIGINT)
         output, _ = cli_process.communicate(timeout=180)
     finally:
@@ -112,7 +90,7 @@ def test_ctrl_c_leaves_a_checkpoint_and_nothing_running(tmp_path, cpu_image, doc
     [container] = containers(docker_client, "dock-int")
     assert container.status == "exited"
     assert cli_process.returncode == container.attrs["State"]["ExitCode"], output
-    last = steps(run_dir)[-1]
+    last = metrics_steps(run_dir)[-1]
     assert (run_dir / "checkpoints" / f"step_{last}").is_dir(), output
 
 
@@ -152,10 +130,10 @@ def test_two_nodes_form_one_ray_cluster_and_stop_together(tmp_path, cpu_image, d
         return result.exit_code == 0 and result.output.decode().count("node_") == 2
 
     assert wait_for(two_nodes), head.logs().decode()[-2000:]
-    assert wait_for(lambda: len(steps(runs / "dock-ray")) >= 1)
+    assert wait_for(lambda: len(metrics_steps(runs / "dock-ray")) >= 1)
     assert cli("stop", "dock-ray", "--runs-dir", runs).exit_code == 0
     assert not containers(docker_client, "dock-ray", running_only=True)
-    last = steps(runs / "dock-ray")[-1]
+    last = metrics_steps(runs / "dock-ray")[-1]
     assert (runs / "dock-ray" / "checkpoints" / f"step_{last}").is_dir()
     assert json.loads(cli("status", "dock-ray", "--runs-dir", runs, "--json").output)["state"] == "stopped"
 
@@ -172,6 +150,6 @@ def test_two_nodes_train_one_run_across_both_containers(tmp_path, cpu_image, doc
     assert result.exit_code == 0, result.output
     assert "[INFO] Ray cluster: 2 node(s)" in result.output
     assert "2 Ray worker(s) for actor on 2 node(s), cpu" in result.output
-    assert steps(runs / "dock-ray-dp") == [1, 2]
+    assert metrics_steps(runs / "dock-ray-dp") == [1, 2]
     assert (runs / "dock-ray-dp" / "checkpoints" / "step_2").is_dir()
     assert not containers(docker_client, "dock-ray-dp", running_only=True)

@@ -1,34 +1,12 @@
 """`verl-deploy run --target local`: the runtime in a subprocess; status, logs, stop and resume on its run dir."""
 
 import json
-import time
 
 import pytest
-from conftest import REPO
-from typer.testing import CliRunner
+from launch_support import QUICKSTART, cli, metrics_steps, wait_for
 
-from verl_deploy.cli import app
-
-QUICKSTART = REPO / "examples" / "quickstart.yaml"
 SHORT = ["--set", "data.max_response_length=8", "--set", "trainer.test_freq=-1", "--set", "trainer.val_before_train=false"]
 
-
-def cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def metrics_steps(run_dir):
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def wait_for(predicate, timeout_s=120):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
 
 
 @pytest.mark.slow
@@ -58,11 +36,11 @@ def test_stop_checkpoints_and_resume_continues(tmp_path):
     started = cli("run", QUICKSTART, "--target", "local", "--runs-dir", runs, "--run-id", "local-stop", "--detach",
                   "--set", "trainer.total_training_steps=200", *SHORT)
     assert started.exit_code == 0, started.output
-    assert wait_for(lambda: len(metrics_steps(run_dir)) >= 1), (run_dir / "console.log").read_text()
+    assert wait_for(lambda: len(metrics_steps(run_dir)) >= 1, timeout_s=120), (run_dir / "console.log").read_text()
     assert cli("status", "local-stop", "--runs-dir", runs).output.split()[2] == "running"
 
     assert cli("stop", "local-stop", "--runs-dir", runs).exit_code == 0
-    assert wait_for(lambda: "running" not in cli("status", "local-stop", "--runs-dir", runs).output)
+    assert wait_for(lambda: "running" not in cli("status", "local-stop", "--runs-dir", runs).output, timeout_s=120)
     done = metrics_steps(run_dir)
     last = max(done)
     assert (run_dir / "checkpoints" / f"step_{last}").is_dir(), "SIGTERM leaves a checkpoint of the last step"

@@ -1,0 +1,30 @@
+"""Helpers for tests that launch runs through the CLI and follow them through their run directory."""
+
+import json
+import time
+
+from conftest import REPO
+from typer.testing import CliRunner
+
+from verl_deploy.cli import app
+
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def metrics_steps(run_dir):
+    """The steps in the run's metrics.jsonl so far."""
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for(predicate, timeout_s=180):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
