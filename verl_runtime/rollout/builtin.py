@@ -20,6 +20,7 @@ from contextlib import nullcontext
 
 import torch
 
+from verl_runtime.models import position_ids_from_mask
 from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad
 from verl_runtime.rollout.hf import eos_token_ids
 from verl_runtime.rollout.lean_decoder import LeanDecoder, lean_decoding_applies
@@ -163,7 +164,7 @@ class _ForwardDecoder:
         # transformers' generate does; causality hides the not-yet-written slots.
         self.mask = torch.ones(width, cache_length, dtype=torch.long, device=device)
         self.mask[:, :prompt_length] = prompt_mask
-        self.positions = torch.clip(torch.cumsum(prompt_mask, dim=-1) - 1, min=0)
+        self.positions = position_ids_from_mask(prompt_mask)
         self.prompt_ids, self.static, self.compile, self.device = prompt_ids, static, engine.compile, device
         self.model = model
         self.forward = engine._compiled_step(model) if engine.compile else model

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from verl_runtime.models import position_ids_from_mask
+
 ARCHITECTURES = ("qwen2", "llama", "mistral")  # one block structure: RMSNorm, rotary GQA attention, gated MLP
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
@@ -63,7 +65,7 @@ class LeanDecoder:
         self.values = [weight.new_empty(shape) for _ in self.core.layers]
 
         # Positions as the trainer computes them: counting real prompt tokens, then one per generated token.
-        positions = torch.clip(torch.cumsum(prompt_mask, dim=-1) - 1, min=0)
+        positions = position_ids_from_mask(prompt_mask)
         steps = torch.arange(1, max_new_tokens + 1, device=prompt_ids.device)
         positions = torch.cat([positions, positions[:, -1:] + steps], dim=1)
         cos, sin = self.core.rotary_emb(weight, positions)
