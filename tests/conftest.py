@@ -5,6 +5,7 @@ component fails the test; elsewhere the test is skipped with the reason.
 """
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,13 @@ def require(available: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"{reason} (CI=true: this component must be present)")
     pytest.skip(reason)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tarfile
 import time
@@ -17,17 +16,11 @@ import warnings
 import pytest
 from typer.testing import CliRunner
 
-from conftest import require
+from conftest import free_port, require
 from verl_deploy import __version__
 from verl_deploy.cli import app
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_registry(root, auth: str = ""):
