@@ -7,6 +7,7 @@ A CUDA variant is built only on request: VERL_DEPLOY_BUILD_CUDA=1 (its torch dow
 
 import os
 import shutil
+import uuid
 
 import pytest
 from rich.console import Console
@@ -72,8 +73,9 @@ def test_source_only_change_rebuilds_only_the_source_layers(docker_client, cpu_i
             shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, dest)
+    # Unique per run: a daemon that keeps its build cache between runs would otherwise find this change cached.
     with open(tmp_path / "verl_runtime" / "__init__.py", "a") as f:
-        f.write("# a source-only change\n")
+        f.write(f"# a source-only change {uuid.uuid4().hex}\n")
     monkeypatch.setattr(context, "REPO", tmp_path)
     opts, _ = plan_build("cpu", base_image=base_image, wheelhouse=torch_wheelhouse, tag="verl-deploy-test:source-change")
     console = Console(record=True, width=240)
