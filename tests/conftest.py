@@ -53,6 +53,33 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, tiny_model_dir):
+    """A tiny Llama with what Qwen2 lacks: an untied lm_head, biases on o_proj and the MLP, llama3 rope scaling."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+        max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    out = tmp_path_factory.mktemp("tiny-llama")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                if name.endswith("bias"):
+                    parameter.normal_(std=0.1)  # transformers initialises biases to zero: make them count
+        model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_opt_dir(tmp_path_factory, tiny_model_dir):
     """A tiny random OPT model (the tutorial's architecture) with the built-in tokenizer, built offline."""
     import torch

@@ -10,7 +10,7 @@ import torch
 from verl_runtime.models import build_tiny_model, load_causal_lm, load_tokenizer, response_log_probs
 from verl_runtime.rollout import SamplingParams, make_rollout_engine
 from verl_runtime.rollout.builtin import BuiltinRolloutEngine, sample
-from verl_runtime.rollout.lean_decoder import lean_decoding_applies
+from verl_runtime.lean_model import lean_path_applies
 
 
 @pytest.fixture(scope="module")
@@ -44,25 +44,8 @@ def _save_with_tokenizer(model, tokenizer, path):
 
 
 @pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory, tiny):
-    """A tiny Llama with what Qwen2 lacks: an untied lm_head, biases on o_proj and the MLP, llama3 rope scaling."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    _, tokenizer = tiny
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, attention_bias=True, mlp_bias=True, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
-        max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.normal_(std=0.1)  # transformers initialises biases to zero: make them count
-    return _save_with_tokenizer(model, tokenizer, tmp_path_factory.mktemp("llama"))
+def tiny_llama(tiny_llama_dir):
+    return load_causal_lm(tiny_llama_dir, None, "cpu"), load_tokenizer(tiny_llama_dir)
 
 
 @pytest.fixture(scope="module")
@@ -105,14 +88,23 @@ def test_greedy_tokens_equal_transformers_generate(request, model_name, path):
     assert batch.prompt_length == expected.prompt_length
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, -1, 1.0), (0.7, 20, 0.9)])
-def test_seeded_samples_equal_transformers_generate_on_the_cpu(tiny, temperature, top_k, top_p):
-    """Same filters in the same order, same seeded CPU random stream: the very tokens transformers samples."""
-    model, tokenizer = tiny
-    params = SamplingParams(n=4, max_new_tokens=24, temperature=temperature, top_k=top_k, top_p=top_p, seed=3)
-    expected = make_rollout_engine("hf", model, tokenizer, "cpu").generate(_prompts(tokenizer), params)
-    batch = make_rollout_engine("builtin", model, tokenizer, "cpu").generate(_prompts(tokenizer), params)
-    assert torch.equal(batch.responses, expected.responses)
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, -1, 1.0), (0.7, 5, 0.9)])
+def test_samples_follow_the_distribution_transformers_samples_from(temperature, top_k, top_p):
+    """Same filters in the same order as transformers' warpers: the empirical frequencies of many draws match."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    logits = torch.linspace(0.0, 3.0, 8)[None]
+    scores = TemperatureLogitsWarper(temperature)(None, logits)
+    if top_k > 0:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    expected = TopPLogitsWarper(top_p)(None, scores).softmax(-1)[0]
+
+    draws = 40_000
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    tokens, _ = sample(logits.repeat(draws, 1), params, torch.Generator().manual_seed(0))
+    frequencies = torch.bincount(tokens, minlength=8) / draws
+    assert (frequencies[expected == 0] == 0).all()
+    torch.testing.assert_close(frequencies, expected, atol=0.01, rtol=0)
 
 
 def test_builtin_is_a_registered_engine(tiny):
@@ -125,12 +117,12 @@ def test_builtin_is_a_registered_engine(tiny):
 
 def test_the_lean_path_takes_llama_family_models_on_the_cpu_only(tiny, tiny_llama, tiny_mistral, tiny_opt):
     cpu = torch.device("cpu")
-    assert lean_decoding_applies(tiny[0], cpu, 200) and lean_decoding_applies(tiny_llama[0], cpu, 200)
-    assert not lean_decoding_applies(tiny_opt[0], cpu, 200)  # another architecture
-    assert lean_decoding_applies(tiny_mistral[0], cpu, 8) and not lean_decoding_applies(tiny_mistral[0], cpu, 9)
-    assert not lean_decoding_applies(tiny[0], torch.device("cuda"), 200)  # CUDA keeps the compiled path
+    assert lean_path_applies(tiny[0], cpu, 200) and lean_path_applies(tiny_llama[0], cpu, 200)
+    assert not lean_path_applies(tiny_opt[0], cpu, 200)  # another architecture
+    assert lean_path_applies(tiny_mistral[0], cpu, 8) and not lean_path_applies(tiny_mistral[0], cpu, 9)
+    assert not lean_path_applies(tiny[0], torch.device("cuda"), 200)  # CUDA keeps the compiled path
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not lean_decoding_applies(tiny[0], cpu, 200)
+        assert not lean_path_applies(tiny[0], cpu, 200)
 
 
 @pytest.mark.parametrize("model_name", ["tiny", "tiny_llama"])

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from verl_runtime.errors import ConfigError, ModelError
+from verl_runtime.lean_model import lean_path_applies, shared_prefix_logits
 
 BUILTIN_TINY = "builtin:tiny"
 # Bump the suffix whenever the built model or tokenizer changes, so stale caches are not reused.
@@ -282,11 +283,24 @@ def response_log_probs(
     """Per-token log-probs [B, R] of the last response_length tokens (and their entropy, if asked).
 
     Logits are cast to fp32 and divided by the temperature exactly as transformers' sampler does, so the result is
-    the log-prob of the distribution the tokens were sampled from. Only the response positions' logits are computed
-    (``logits_to_keep``) where the model supports it, which saves a [B, T, vocab] tensor.
+    the log-prob of the distribution the tokens were sampled from. Only the response positions' logits are computed.
+    Llama-family models on the CPU run ``lean_model.shared_prefix_logits`` (each distinct prompt once for all its
+    samples, without transformers' per-call overhead); others their forward with ``logits_to_keep`` where supported.
     """
     from verl_runtime.algorithms import entropy_from_logits, logprobs_from_logits
 
+    if lean_path_applies(model, input_ids.device, input_ids.shape[1]):
+        logits = shared_prefix_logits(model, input_ids, attention_mask, position_ids, response_length)
+    else:
+        logits = _forward_response_logits(model, input_ids, attention_mask, position_ids, response_length)
+    logits = logits.float() / temperature
+    responses = input_ids[:, -response_length:]
+    log_probs = logprobs_from_logits(logits, responses)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
+def _forward_response_logits(model, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
     kwargs = {}
     if _accepts(model, "logits_to_keep"):
         kwargs["logits_to_keep"] = response_length + 1
@@ -294,11 +308,7 @@ def response_log_probs(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
     )
     # The logits at position t predict token t + 1: the response tokens are predicted by positions -R-1 .. -2.
-    logits = output.logits[:, -response_length - 1 : -1, :].float() / temperature
-    responses = input_ids[:, -response_length:]
-    log_probs = logprobs_from_logits(logits, responses)
-    entropy = entropy_from_logits(logits) if with_entropy else None
-    return log_probs, entropy
+    return output.logits[:, -response_length - 1 : -1, :]
 
 
 def _accepts(model, argument: str) -> bool:

@@ -6,7 +6,8 @@ log-prob (log_softmax(logits / T), what ``models.response_log_probs`` recomputes
 
 On the CPU, Llama-family models (Qwen2, Llama, Mistral) decode through ``lean_decoder.LeanDecoder``: the same
 block maths on the model's own weights without transformers' per-step overhead (masks, cache objects, modules),
-about twice as fast with tiny models; ``lean_decoding_applies`` says when (everything else takes the model's forward).
+about twice as fast with tiny models, each prompt prefilled once for its n samples; ``lean_model.lean_path_applies``
+says when (everything else takes the model's forward).
 On CUDA the decode step runs as a CUDA graph: the model's forward is compiled once per run
 (``torch.compile(mode="reduce-overhead")``) over a static KV cache, with batch and cache length padded up to
 buckets so later calls reuse the captured graphs. On the CPU a dynamic cache without compilation is faster (the
@@ -23,7 +24,8 @@ import torch
 from verl_runtime.models import position_ids_from_mask
 from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad
 from verl_runtime.rollout.hf import eos_token_ids
-from verl_runtime.rollout.lean_decoder import LeanDecoder, lean_decoding_applies
+from verl_runtime.lean_model import lean_path_applies
+from verl_runtime.rollout.lean_decoder import LeanDecoder
 
 # Compiled shapes are padded up to these multiples, so a run captures a handful of graphs, not one per call.
 BATCH_BUCKET = 8
@@ -100,8 +102,8 @@ class BuiltinRolloutEngine:
     def _decode(self, model, prompt_ids, prompt_mask, params: SamplingParams):
         rows = prompt_ids.shape[0]
         total = prompt_ids.shape[1] + params.max_new_tokens
-        if self.lean and not self.static_cache and lean_decoding_applies(model, self.device, total):
-            decoder = LeanDecoder(model, prompt_ids, prompt_mask, params.max_new_tokens)
+        if self.lean and not self.static_cache and lean_path_applies(model, self.device, total):
+            decoder = LeanDecoder(model, prompt_ids, prompt_mask, params.max_new_tokens, repeats=params.n)
         else:
             decoder = _ForwardDecoder(self, model, prompt_ids, prompt_mask, params.max_new_tokens)
         generator = _generator(params.seed, self.device)
@@ -203,14 +205,18 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[tor
 
     Filtering follows transformers' order (temperature, top-k, top-p); the log-prob is of the temperature-scaled,
     unfiltered distribution, as the trainer recomputes it. Greedy decoding reports the same quantity.
+
+    Sampling is the exponential race torch.multinomial runs inside (argmax of p / E, E ~ Exp(1)), written as
+    argmax(log p - log E) with E = -log U: on the CPU torch's exponential_ costs six times a uniform draw, and this
+    sampler runs once per generated token.
     """
     scaled = logits / params.temperature
     if not params.do_sample:
         tokens = scaled.argmax(dim=-1)
     else:
         filtered = _top_p(_top_k(scaled, params.top_k), params.top_p)
-        probs = torch.softmax(filtered, dim=-1)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        race = torch.empty_like(filtered).uniform_(generator=generator).log_().neg_().log_()  # log E
+        tokens = (filtered - race).argmax(dim=-1)
     log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, log_probs
 
