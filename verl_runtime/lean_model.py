@@ -82,9 +82,10 @@ class Blocks:
         rows, length, _ = hidden.shape
         x = rms_norm(hidden, layer.input_layernorm)
         qkv = F.linear(x, fused.qkv_weight, fused.qkv_bias).view(rows, length, -1, self.head_dim).transpose(1, 2)
-        heads = self.heads
-        qk = rotate(qkv[:, : heads + self.kv_heads], *rotary)  # queries and keys in one go
-        return qk[:, :heads], qk[:, heads:], qkv[:, heads + self.kv_heads :]
+        # split, not slicing: its backward is one cat, where each slice's would fill a zero tensor of qkv's size
+        qk, values = qkv.split([self.heads + self.kv_heads, self.kv_heads], dim=1)
+        queries, keys = rotate(qk, *rotary).split([self.heads, self.kv_heads], dim=1)  # rotated in one go
+        return queries, keys, values
 
     def attend(self, queries, keys, values, mask: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True)

@@ -35,9 +35,7 @@ class ActorWorker:
         self.rollout_model = copy.deepcopy(self.model) if sharded and parallel.rank() == 0 else None
         if sharded:
             parallel.shard(self.model)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.actor.lr, weight_decay=config.actor.weight_decay
-        )
+        self.optimizer = parallel.adamw(self.model, config.actor.lr, config.actor.weight_decay)
         self.rollout = self._make_rollout(config, tokenizer, device) if parallel.rank() == 0 else None
 
     def _make_rollout(self, config: Config, tokenizer, device: torch.device):

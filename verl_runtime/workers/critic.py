@@ -27,9 +27,7 @@ class CriticWorker:
         parallel.broadcast_weights(self.model)  # the value head is freshly initialised on each rank
         if config.critic.strategy == "fsdp" and parallel.world_size() > 1:
             parallel.shard(self.model)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.critic.lr, weight_decay=config.critic.weight_decay
-        )
+        self.optimizer = parallel.adamw(self.model, config.critic.lr, config.critic.weight_decay)
 
     def _values(self, batch: dict) -> torch.Tensor:
         with self.mixed_precision():
