@@ -5,6 +5,7 @@ learning rate, no KL term, one optimizer step per batch (bench/README.md says ho
 Each side runs warm-up + timed steps; the median timed step gives steps/s and generated tokens/s.
 
     python bench/grpo_vs_trl.py --preset cpu [--steps 5] [--warmup 2] [--only trl|ours] [--json FILE]
+    python bench/grpo_vs_trl.py --rounds 3              # every side 3 times, interleaved: each round's ratios
     python bench/grpo_vs_trl.py --engines builtin,hf,vllm   # ours with each rollout engine (default: all installed)
     python bench/grpo_vs_trl.py --preset gpu            # needs a CUDA GPU
     python bench/grpo_vs_trl.py --only ours --workers 2 # ours on 1 worker (in-process) and on 2 Ray workers
@@ -76,19 +77,37 @@ def run_side(side: str, engine: str, w: Workload, model: str, steps: int, warmup
     return Result(side, engine, run.step_times_s[warmup:], w.tokens_per_step, run.response_length, run.padded_length)
 
 
-def render(w: Workload, results: list[Result], steps: int, warmup: int) -> str:
+def render(w: Workload, rounds: list[list[Result]], steps: int, warmup: int) -> str:
+    """The table: per trainer the median over every round's timed steps, and its ratio to TRL's steps/s (with more
+    than one round: the median of the rounds' ratios, each taken within its round, and their range)."""
     lines = [
         f"preset {w.preset}: {w.prompts} prompts x {w.samples} samples x {w.new_tokens} tokens, {w.dtype} on "
-        f"{w.device}; median of {steps} steps after {warmup} warm-up",
+        f"{w.device}; median of {steps} steps after {warmup} warm-up" + (f", {len(rounds)} rounds" if len(rounds) > 1 else ""),
         f"{'trainer':<26}{'s/step':>9}{'steps/s':>9}{'tokens/s':>10}{'len mean/pad':>14}{'vs TRL':>9}",
     ]
-    trl = next((r for r in results if r.side == "trl"), None)
-    for r in results:
-        length = f"{r.response_length:.1f}/{r.padded_length:.0f}"
+    for i, r in enumerate(rounds[0]):
+        runs = [results[i] for results in rounds]
+        merged = Result(r.side, r.engine, [t for run in runs for t in run.step_times_s], r.tokens_per_step,
+                        statistics.mean(run.response_length for run in runs), min(run.padded_length for run in runs))
+        length = f"{merged.response_length:.1f}/{merged.padded_length:.0f}"
         name = SIDES[r.side] if r.side == "trl" else f"{SIDES[r.side]} ({r.engine})"
-        ratio = f"{r.steps_per_s / trl.steps_per_s:>8.2f}x" if trl and r is not trl else ""
-        lines.append(f"{name:<26}{r.median_s:>9.3f}{r.steps_per_s:>9.2f}{r.tokens_per_s:>10,.0f}{length:>14}{ratio}")
+        ratios = [ratio_to_trl(results, i) for results in rounds]
+        ratio = ""
+        if None not in ratios:
+            ratio = f"{statistics.median(ratios):>8.2f}x"
+            if len(ratios) > 1:
+                ratio += f"  (rounds {min(ratios):.2f}x-{max(ratios):.2f}x)"
+        lines.append(f"{name:<26}{merged.median_s:>9.3f}{merged.steps_per_s:>9.2f}{merged.tokens_per_s:>10,.0f}"
+                     f"{length:>14}{ratio}")
     return "\n".join(lines)
+
+
+def ratio_to_trl(results: list[Result], i: int) -> float | None:
+    """Result i's steps/s over TRL's in the same round; None for TRL itself or without a TRL run."""
+    trl = next((r for r in results if r.side == "trl"), None)
+    if trl is None or results[i] is trl:
+        return None
+    return results[i].steps_per_s / trl.steps_per_s
 
 
 def run_scaling(w: Workload, model: str, steps: int, warmup: int, tmp: Path, workers: int) -> str:
@@ -115,13 +134,15 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5, help="timed steps per side (median reported)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--only", choices=sorted(SIDES), help="run one side only")
+    p.add_argument("--rounds", type=int, default=1, help="run every side this many times, interleaved (the machine's "
+                   "speed drifts: each round's ratio is taken within it)")
     p.add_argument("--json", type=Path, help="also write the results to this file")
     p.add_argument("--engines", help="ours' rollout engines, comma-separated (default: every installed one of "
                    f"{','.join(ENGINES)})")
     p.add_argument("--workers", type=int, help="also run ours on 1 and on N workers (Ray): scaling and controller overhead")
     args = p.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
+        p.error("--steps and --rounds must be >= 1 and --warmup >= 0")
     if args.workers is not None and args.workers < 2:
         p.error("--workers must be 2 or more (1 worker is the in-process run it is compared with)")
 
@@ -143,8 +164,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="grpo_vs_trl-") as d:
         tmp = Path(d)
         model = model_dir(w, tmp)
-        results = [run_side(side, engine, w, model, args.steps, args.warmup, tmp) for side, engine in runs]
-        print(render(w, results, args.steps, args.warmup))
+        rounds = [
+            [run_side(side, engine, w, model, args.steps, args.warmup, tmp / f"round-{n}") for side, engine in runs]
+            for n in range(args.rounds)
+        ]
+        print(render(w, rounds, args.steps, args.warmup))
         if args.workers:
             print(run_scaling(w, model, args.steps, args.warmup, tmp, args.workers))
 
@@ -153,9 +177,12 @@ def main(argv=None) -> int:
             "workload": asdict(w),
             "steps": args.steps,
             "warmup": args.warmup,
-            "results": [
-                {**asdict(r), "median_s": r.median_s, "steps_per_s": r.steps_per_s, "tokens_per_s": r.tokens_per_s}
-                for r in results
+            "rounds": [
+                [
+                    {**asdict(r), "median_s": r.median_s, "steps_per_s": r.steps_per_s, "tokens_per_s": r.tokens_per_s}
+                    for r in results
+                ]
+                for results in rounds
             ],
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")

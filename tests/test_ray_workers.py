@@ -70,7 +70,9 @@ def test_two_workers_take_the_same_update_as_one(strategy):
         for name in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss", "actor/entropy"):
             assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), name
         for name, tensor in model_state(one).items():
-            torch.testing.assert_close(model_state(two)[name], tensor, rtol=0, atol=1e-5)  # Adam: lr 1e-3 x ~sign(grad)
+            # Adam's first step is lr x g / (|g| + eps): ~lr x sign(g), but for gradients near eps (1e-8) it follows
+            # their rounding noise, and one worker computes them on the lean forward while FSDP runs the model's.
+            torch.testing.assert_close(model_state(two)[name], tensor, rtol=0, atol=5e-5)
         with pytest.raises(TrainingError, match="step\\(\\) on 2 workers needs a multiple of 2 samples"):
             two.step(SAMPLES[:3])
     finally:
