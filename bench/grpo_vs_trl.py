@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -27,8 +28,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # verl_runtime from this checkout
 
-from _workload import PRESETS, Workload  # noqa: E402
+from _workload import PRESETS, SideRun, Workload  # noqa: E402
 
+BENCH = Path(__file__).resolve().parent
 SIDES = {"trl": "TRL GRPOTrainer", "ours": "verl_runtime"}
 ENGINES = ("builtin", "hf", "vllm")  # verl_runtime's rollout engines (rollout.name)
 
@@ -61,19 +63,21 @@ class Result:
         return self.tokens_per_step / self.median_s
 
 
-def run_side(side: str, engine: str, w: Workload, model: str, steps: int, warmup: int, tmp: Path) -> Result:
-    total = warmup + steps
-    out = tmp / f"{side}-{engine}"
-    if side == "trl":
-        from _trl import run_trl
+def run_side(side: str, engine: str, w: Workload, model: str, steps: int, warmup: int, out: Path, workers: int = 1):
+    """Warm-up + timed steps of one trainer, in a fresh process (bench/_side.py says why); its SideRun."""
+    out.mkdir(parents=True)
+    command = [sys.executable, str(BENCH / "_side.py"), side, engine, w.preset, model, str(warmup + steps), str(workers),
+               str(out)]
+    finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if finished.returncode != 0:
+        raise RuntimeError(f"{side} ({engine}) failed:\n{finished.stdout[-4000:]}")
+    run = SideRun(**json.loads((out / "side.json").read_text()))
+    if len(run.step_times_s) != warmup + steps:
+        raise RuntimeError(f"{side}: expected {warmup + steps} step times, got {len(run.step_times_s)}")
+    return run
 
-        run = run_trl(w, model, total, str(out))
-    else:
-        from _ours import run_ours
 
-        run = run_ours(w, model, total, out, engine=engine)
-    if len(run.step_times_s) != total:
-        raise RuntimeError(f"{side}: expected {total} step times, got {len(run.step_times_s)}")
+def timed(side: str, engine: str, w: Workload, run: SideRun, warmup: int) -> Result:
     return Result(side, engine, run.step_times_s[warmup:], w.tokens_per_step, run.response_length, run.padded_length)
 
 
@@ -113,12 +117,10 @@ def ratio_to_trl(results: list[Result], i: int) -> float | None:
 def run_scaling(w: Workload, model: str, steps: int, warmup: int, tmp: Path, workers: int) -> str:
     """Ours on 1 worker (in-process, the default) and on `workers` Ray workers: tokens/s and the controller's own
     share of a step (the time outside the workers' methods: dispatch, transfers, advantages, metrics)."""
-    from _ours import run_ours
-
     lines = [f"{'workers':<18}{'s/step':>9}{'tokens/s':>10}{'scaling':>9}{'controller':>12}"]
     base = None
     for n in (1, workers):
-        run = run_ours(w, model, warmup + steps, tmp / f"ours-{n}-workers", workers=n)
+        run = run_side("ours", "builtin", w, model, steps, warmup, tmp / f"ours-{n}-workers", workers=n)
         median = statistics.median(run.step_times_s[warmup:])
         overhead = statistics.median(c / t for c, t in zip(run.controller_s[warmup:], run.step_times_s[warmup:]))
         base = base or median
@@ -165,7 +167,11 @@ def main(argv=None) -> int:
         tmp = Path(d)
         model = model_dir(w, tmp)
         rounds = [
-            [run_side(side, engine, w, model, args.steps, args.warmup, tmp / f"round-{n}") for side, engine in runs]
+            [
+                timed(side, engine, w, run_side(side, engine, w, model, args.steps, args.warmup,
+                                                 tmp / f"round-{n}" / f"{side}-{engine}"), args.warmup)
+                for side, engine in runs
+            ]
             for n in range(args.rounds)
         ]
         print(render(w, rounds, args.steps, args.warmup))
