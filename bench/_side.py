@@ -6,13 +6,12 @@ slower right after TRL in one process than alone).
 """
 
 import json
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # verl_runtime from this checkout
+# verl_runtime from this checkout (the environment, offline and quiet, comes from grpo_vs_trl.py)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _workload import PRESETS  # noqa: E402
 

@@ -21,10 +21,10 @@ from contextlib import nullcontext
 
 import torch
 
+from verl_runtime.lean_model import lean_path_applies
 from verl_runtime.models import position_ids_from_mask
 from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad
 from verl_runtime.rollout.hf import eos_token_ids
-from verl_runtime.lean_model import lean_path_applies
 from verl_runtime.rollout.lean_decoder import LeanDecoder
 
 # Compiled shapes are padded up to these multiples, so a run captures a handful of graphs, not one per call.
