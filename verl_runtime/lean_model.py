@@ -60,6 +60,7 @@ class Blocks:
         attention = self.core.layers[0].self_attn
         self.head_dim, self.scale = attention.head_dim, attention.scaling
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.dtype = self.core.embed_tokens.weight.dtype
         self.fused = [FusedWeights.of(layer) for layer in self.core.layers]
 
     def layers(self):
@@ -87,13 +88,17 @@ class Blocks:
         queries, keys = rotate(qk, *rotary).split([self.heads, self.kv_heads], dim=1)  # rotated in one go
         return queries, keys, values
 
-    def attend(self, queries, keys, values, mask: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True)
+    def attend(self, queries, keys, values, bias: torch.Tensor) -> torch.Tensor:
+        """Attention [B, L, heads * d] of queries [B, heads, L, d]; bias is additive (0 or -inf, see attention_bias)."""
+        rows, _, length, _ = queries.shape
+        attended = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=bias, scale=self.scale, enable_gqa=True
+        )
+        return attended.transpose(1, 2).reshape(rows, length, -1)
 
     def finish(self, layer, fused, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """The rest of the layer: o_proj and residual, then the gated MLP and residual."""
-        rows, _, length, _ = attended.shape
-        hidden = hidden + linear(attended.transpose(1, 2).reshape(rows, length, -1), layer.self_attn.o_proj)
+        """The rest of the layer: o_proj of attended [B, L, heads * d] and residual, then the gated MLP and residual."""
+        hidden = hidden + linear(attended, layer.self_attn.o_proj)
         gate, up = F.linear(
             rms_norm(hidden, layer.post_attention_layernorm), fused.gate_up_weight, fused.gate_up_bias
         ).chunk(2, -1)
@@ -110,6 +115,12 @@ def prompt_attention_mask(prompt_mask: torch.Tensor) -> torch.Tensor:
     causal = torch.ones(length, length, dtype=torch.bool, device=prompt_mask.device).tril()
     eye = torch.eye(length, dtype=torch.bool, device=prompt_mask.device)
     return (causal & prompt_mask.bool()[:, None, None, :]) | eye
+
+
+def attention_bias(sees: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive form of a boolean mask (0 where a query sees a key, -inf elsewhere), made once per forward:
+    attention converts a boolean mask to this inside every call, and takes the float one faster."""
+    return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill_(~sees, -float("inf"))
 
 
 def shared_prefix_logits(model, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
@@ -129,7 +140,7 @@ def shared_prefix_logits(model, input_ids, attention_mask, position_ids, respons
     blocks = Blocks(model)
     prompt_rotary = blocks.rotary(prompt_positions)
     response_rotary = blocks.rotary(position_ids[:, prompt_length:])
-    prompt_sees = prompt_attention_mask(prompt_mask)
+    prompt_bias = attention_bias(prompt_attention_mask(prompt_mask), blocks.dtype)
     causal = torch.ones(response_length, response_length, dtype=torch.bool, device=input_ids.device).tril()
     response_sees = torch.cat(
         [
@@ -138,17 +149,18 @@ def shared_prefix_logits(model, input_ids, attention_mask, position_ids, respons
         ],
         dim=-1,
     )  # [B, 1, R, P + R]
+    response_bias = attention_bias(response_sees, blocks.dtype)
 
     prompt_hidden, response_hidden = blocks.embed(prompt_ids), blocks.embed(response_ids)
     for layer, fused in blocks.layers():
         queries, keys, values = blocks.project(layer, fused, prompt_hidden, prompt_rotary)
-        attended = blocks.attend(queries, keys, values, prompt_sees)
+        attended = blocks.attend(queries, keys, values, prompt_bias)
         response_queries, response_keys, response_values = blocks.project(layer, fused, response_hidden, response_rotary)
         response_attended = blocks.attend(
             response_queries,
             torch.cat([keys[owner], response_keys], dim=2),
             torch.cat([values[owner], response_values], dim=2),
-            response_sees,
+            response_bias,
         )
         prompt_hidden = blocks.finish(layer, fused, prompt_hidden, attended)
         response_hidden = blocks.finish(layer, fused, response_hidden, response_attended)
@@ -184,6 +196,8 @@ def linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     """transformers' RMSNorm (Qwen2RMSNorm, LlamaRMSNorm, MistralRMSNorm): fp32 statistics, weight in x's dtype."""
+    if x.dtype == torch.float32:  # the same maths in one call (the weight applied last, as transformers does)
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, eps=norm.variance_epsilon)
     return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype)
 
 
