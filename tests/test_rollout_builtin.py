@@ -101,7 +101,7 @@ def test_samples_follow_the_distribution_transformers_samples_from(temperature, 
 
     draws = 40_000
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
-    tokens, _ = sample(logits.repeat(draws, 1), params, torch.Generator().manual_seed(0))
+    tokens, _ = sample(logits.repeat(draws, 1), params, _uniform(draws))
     frequencies = torch.bincount(tokens, minlength=8) / draws
     assert (frequencies[expected == 0] == 0).all()
     torch.testing.assert_close(frequencies, expected, atol=0.01, rtol=0)
@@ -209,15 +209,21 @@ def test_seeds_reproduce_and_leave_the_global_rng_alone(tiny):
     assert not torch.equal(a.responses, other.responses)
 
 
+def _uniform(rows: int) -> torch.Tensor:
+    return torch.rand(rows, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+
 def test_sampling_filters():
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).repeat(2000, 1)
-    generator = torch.Generator().manual_seed(0)
-    top1, _ = sample(logits, SamplingParams(top_k=1), generator)
+    top1, _ = sample(logits, SamplingParams(top_k=1), _uniform(2000))
     assert (top1 == 3).all()
     # Probabilities are .64, .24, .09, .03: the two likeliest are the fewest that reach p=0.7.
-    kept, _ = sample(logits, SamplingParams(top_p=0.7), generator)
+    kept, _ = sample(logits, SamplingParams(top_p=0.7), _uniform(2000))
     assert set(kept.tolist()) == {2, 3}
-    greedy, log_probs = sample(logits[:1], SamplingParams(do_sample=False, temperature=0.5), generator)
+    # The extreme draws still land on tokens of positive probability.
+    edges, _ = sample(logits[:2], SamplingParams(top_k=2), torch.tensor([[0.0], [1 - 2**-53]], dtype=torch.float64))
+    assert edges.tolist() == [3, 2]
+    greedy, log_probs = sample(logits[:1], SamplingParams(do_sample=False, temperature=0.5), _uniform(1))
     assert greedy.tolist() == [3]
     torch.testing.assert_close(log_probs, torch.log_softmax(logits[:1] / 0.5, -1)[:, 3])
 

@@ -23,7 +23,7 @@ import torch
 
 from verl_runtime.lean_model import lean_path_applies
 from verl_runtime.models import position_ids_from_mask
-from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad
+from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad, mask_after_first_eos
 from verl_runtime.rollout.hf import eos_token_ids
 from verl_runtime.rollout.lean_decoder import LeanDecoder
 
@@ -106,23 +106,31 @@ class BuiltinRolloutEngine:
             decoder = LeanDecoder(model, prompt_ids, prompt_mask, params.max_new_tokens, repeats=params.n)
         else:
             decoder = _ForwardDecoder(self, model, prompt_ids, prompt_mask, params.max_new_tokens)
-        generator = _generator(params.seed, self.device)
         logits = decoder.prefill()
         width = logits.shape[0]  # the compiled path pads the batch up to a bucket
-        responses = torch.full((width, params.max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
-        log_probs = torch.zeros(width, params.max_new_tokens, device=self.device)
-        finished = torch.zeros(width, dtype=torch.bool, device=self.device)
+        # Every step's random draws at once, from a private seeded generator (or the global RNG without a seed).
+        draws = torch.rand(
+            params.max_new_tokens, width, 1, dtype=torch.float64, device=self.device,
+            generator=_generator(params.seed, self.device),
+        )
         eos = torch.tensor(self.eos_ids, device=self.device)
+        finished = torch.zeros(width, dtype=torch.bool, device=self.device)
+        tokens, log_probs = [], []
         for t in range(params.max_new_tokens):
-            tokens, token_log_probs = sample(logits.float(), params, generator)
-            tokens = tokens.masked_fill(finished, self.pad_id)
-            responses[:, t] = tokens
-            log_probs[:, t] = token_log_probs
-            finished |= torch.isin(tokens, eos)
+            # Finished rows keep sampling (rows never see each other); what follows their EOS is padded below.
+            step_tokens, step_log_probs = sample(logits.float(), params, draws[t])
+            tokens.append(step_tokens)
+            log_probs.append(step_log_probs)
+            finished |= torch.isin(step_tokens, eos)
             if t == params.max_new_tokens - 1 or bool(finished[:rows].all()):
                 break
-            logits = decoder.step(tokens)
-        return responses[:rows], log_probs[:rows]
+            logits = decoder.step(step_tokens)
+        responses = torch.full((rows, params.max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
+        responses[:, : len(tokens)] = torch.stack(tokens, dim=1)[:rows]
+        responses.masked_fill_(mask_after_first_eos(responses, self.eos_ids) == 0, self.pad_id)
+        sampled_log_probs = torch.zeros(rows, params.max_new_tokens, device=self.device)
+        sampled_log_probs[:, : len(tokens)] = torch.stack(log_probs, dim=1)[:rows]
+        return responses, sampled_log_probs
 
     def _kv_cache(self, batch: int, length: int, dtype: torch.dtype):
         from transformers import DynamicCache, StaticCache
@@ -200,25 +208,28 @@ class _ForwardDecoder:
         ).logits[:, -1]
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens [B] and their log-probs log_softmax(logits / T) [B], from fp32 logits [B, V].
+def sample(logits: torch.Tensor, params: SamplingParams, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens [B] and their log-probs log_softmax(logits / T) [B], from fp32 logits [B, V] and one uniform
+    draw in [0, 1) per row, draws [B, 1] (unused under greedy decoding).
 
     Filtering follows transformers' order (temperature, top-k, top-p); the log-prob is of the temperature-scaled,
     unfiltered distribution, as the trainer recomputes it. Greedy decoding reports the same quantity.
 
-    Sampling is the exponential race torch.multinomial runs inside (argmax of p / E, E ~ Exp(1)), written as
-    argmax(log p - log E) with E = -log U: on the CPU torch's exponential_ costs six times a uniform draw, and this
-    sampler runs once per generated token.
+    Sampling inverts the cumulative distribution, in float64 so that even a large vocabulary's smallest
+    probabilities keep their share: one draw per row, where drawing one race time per vocabulary entry (what
+    torch.multinomial does inside) costs more than the rest of the sampler on the CPU.
     """
-    scaled = logits / params.temperature
+    scaled = logits if params.temperature == 1.0 else logits / params.temperature
+    probabilities = scaled.softmax(dim=-1)
     if not params.do_sample:
-        tokens = scaled.argmax(dim=-1)
+        tokens = scaled.argmax(dim=-1, keepdim=True)
     else:
         filtered = _top_p(_top_k(scaled, params.top_k), params.top_p)
-        race = torch.empty_like(filtered).uniform_(generator=generator).log_().neg_().log_()  # log E
-        tokens = (filtered - race).argmax(dim=-1)
-    log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-    return tokens, log_probs
+        kept = probabilities if filtered is scaled else filtered.softmax(dim=-1)
+        cumulative = kept.cumsum(dim=-1, dtype=torch.float64)
+        # (1 - u) * total lies in (0, total]: the first entry at or above it ends a token of positive probability.
+        tokens = torch.searchsorted(cumulative, (1 - draws) * cumulative[:, -1:])
+    return tokens.squeeze(-1), probabilities.gather(-1, tokens).log_().squeeze(-1)
 
 
 def _top_k(scores: torch.Tensor, k: int) -> torch.Tensor:
