@@ -49,6 +49,9 @@ def test_logprobs_and_entropy_from_logits(dtype):
     close(A.logprobs_from_logits(logits, labels), [[math.log(0.75), math.log(0.25)]], atol=atol)
     entropy = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
     close(A.entropy_from_logits(logits), [[entropy, entropy]], atol=atol)
+    log_probs, entropies = A.logprobs_and_entropy_from_logits(logits, labels)
+    close(log_probs, [[math.log(0.75), math.log(0.25)]], atol=atol)
+    close(entropies, [[entropy, entropy]], atol=atol)
 
 
 def test_sequence_scores_land_on_the_last_response_token():

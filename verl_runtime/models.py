@@ -287,17 +287,19 @@ def response_log_probs(
     Llama-family models on the CPU run ``lean_model.shared_prefix_logits`` (each distinct prompt once for all its
     samples, without transformers' per-call overhead); others their forward with ``logits_to_keep`` where supported.
     """
-    from verl_runtime.algorithms import entropy_from_logits, logprobs_from_logits
+    from verl_runtime.algorithms import logprobs_and_entropy_from_logits, logprobs_from_logits
 
     if lean_path_applies(model, input_ids.device, input_ids.shape[1]):
         logits = shared_prefix_logits(model, input_ids, attention_mask, position_ids, response_length)
     else:
         logits = _forward_response_logits(model, input_ids, attention_mask, position_ids, response_length)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     responses = input_ids[:, -response_length:]
-    log_probs = logprobs_from_logits(logits, responses)
-    entropy = entropy_from_logits(logits) if with_entropy else None
-    return log_probs, entropy
+    if with_entropy:
+        return logprobs_and_entropy_from_logits(logits, responses)
+    return logprobs_from_logits(logits, responses), None
 
 
 def _forward_response_logits(model, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
