@@ -40,7 +40,8 @@ def ours_config(
     c.data.batch_size = w.prompts
     c.data.max_response_length = w.new_tokens
     c.data.shuffle = True
-    c.rollout.name = engine
+    c.rollout.name, _, variant = engine.partition("-")
+    c.rollout.compile = True if variant == "compile" else None
     c.rollout.n = w.samples
     c.rollout.temperature = 1.0
     c.rollout.log_prob_micro_batch_size_per_gpu = w.micro_batch

@@ -7,6 +7,7 @@ Each side runs warm-up + timed steps; the median timed step gives steps/s and ge
     python bench/grpo_vs_trl.py --preset cpu [--steps 5] [--warmup 2] [--only trl|ours] [--json FILE]
     python bench/grpo_vs_trl.py --rounds 3              # every side 3 times, interleaved: each round's ratios
     python bench/grpo_vs_trl.py --engines builtin,hf,vllm   # ours with each rollout engine (default: all installed)
+    python bench/grpo_vs_trl.py --engines builtin-compile   # builtin with rollout.compile=true (needs a C++ compiler)
     python bench/grpo_vs_trl.py --preset gpu            # needs a CUDA GPU
     python bench/grpo_vs_trl.py --only ours --workers 2 # ours on 1 worker (in-process) and on 2 Ray workers
 """
@@ -32,13 +33,20 @@ from _workload import PRESETS, SideRun, Workload  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 SIDES = {"trl": "TRL GRPOTrainer", "ours": "verl_runtime"}
-ENGINES = ("builtin", "hf", "vllm")  # verl_runtime's rollout engines (rollout.name)
+# verl_runtime's rollout engines (rollout.name); builtin-compile: builtin with rollout.compile=true, which on the CPU
+# compiles its decode step (on CUDA builtin compiles anyway)
+ENGINES = ("builtin", "builtin-compile", "hf", "vllm")
 
 
-def installed_engines() -> list[str]:
+def installed_engines(preset: str) -> list[str]:
     import importlib.util
+    import shutil
 
-    return [e for e in ENGINES if e != "vllm" or importlib.util.find_spec("vllm") is not None]
+    available = {
+        "vllm": importlib.util.find_spec("vllm") is not None,
+        "builtin-compile": preset == "cpu" and any(map(shutil.which, ("g++", "clang++", "c++"))),
+    }
+    return [e for e in ENGINES if available.get(e, True)]
 
 
 @dataclass
@@ -157,7 +165,7 @@ def main(argv=None) -> int:
 
     from _models import model_dir
 
-    engines = args.engines.split(",") if args.engines else installed_engines()
+    engines = args.engines.split(",") if args.engines else installed_engines(args.preset)
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
         p.error(f"unknown engine(s) {', '.join(unknown)}: choose from {', '.join(ENGINES)}")

@@ -257,7 +257,7 @@ def test_compiled_path_pads_to_buckets_reuses_its_cache_and_sees_updated_weights
     model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
     params = SamplingParams(n=1, max_new_tokens=12, do_sample=False)
     hf = make_rollout_engine("hf", model, tokenizer, "cpu")
-    engine = BuiltinRolloutEngine(model, tokenizer, "cpu", compile=True)
+    engine = BuiltinRolloutEngine(model, tokenizer, "cpu", compile=True, lean=False)
     first = engine.generate(_prompts(tokenizer), params)
     cache = engine._cache
     second = engine.generate(_prompts(tokenizer)[::-1], params)
@@ -272,3 +272,46 @@ def test_compiled_path_pads_to_buckets_reuses_its_cache_and_sees_updated_weights
     updated = hf.generate(_prompts(tokenizer), params)
     assert not torch.equal(updated.responses, expected.responses)
     assert torch.equal(engine.generate(_prompts(tokenizer), params).responses, updated.responses)
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.slow
+def test_compiled_lean_step_gives_the_eager_tokens_and_compiles_once_per_run(tiny):
+    """compile=True on the CPU (rollout.compile): the lean step and its sampling as one graph over slabs padded to a
+    length bucket. Greedy tokens are transformers', seeded samples the eager path's; later calls with other prompts
+    and with weights updated in place (as the optimizer does) reuse the graph."""
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
+    engine = BuiltinRolloutEngine(model, tokenizer, "cpu", compile=True)
+    eager = BuiltinRolloutEngine(model, tokenizer, "cpu")
+    greedy = SamplingParams(n=2, max_new_tokens=12, do_sample=False)
+    expected = make_rollout_engine("hf", model, tokenizer, "cpu").generate(_prompts(tokenizer), greedy)
+    assert torch.equal(engine.generate(_prompts(tokenizer), greedy).responses, expected.responses)
+
+    seeded = SamplingParams(n=3, max_new_tokens=12, seed=3)
+    compiled = engine.generate(_prompts(tokenizer), seeded)
+    graphs = _graphs()
+    assert torch.equal(compiled.responses, eager.generate(_prompts(tokenizer), seeded).responses)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)))
+    updated = engine.generate(_prompts(tokenizer)[::-1], seeded)
+    assert not torch.equal(updated.responses, compiled.responses)
+    assert torch.equal(updated.responses, eager.generate(_prompts(tokenizer)[::-1], seeded).responses)
+    torch.testing.assert_close(
+        updated.rollout_log_probs, eager.generate(_prompts(tokenizer)[::-1], seeded).rollout_log_probs,
+        atol=1e-5, rtol=0,
+    )
+    assert _graphs() == graphs  # no recompilation
+
+
+def test_compiling_on_the_cpu_without_a_cpp_compiler_says_what_to_do(tiny, monkeypatch):
+    from verl_runtime.errors import ConfigError
+
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(ConfigError, match="C\\+\\+ compiler.*rollout.compile=false"):
+        BuiltinRolloutEngine(*tiny, "cpu", compile=True)

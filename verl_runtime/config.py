@@ -102,6 +102,9 @@ class RolloutConfig:
     top_k: int = -1
     do_sample: bool = True
     log_prob_micro_batch_size_per_gpu: int = 16
+    # builtin only: compile the decode step. null: on CUDA (CUDA graphs), not on the CPU; true on the CPU: faster
+    # steps for some seconds of compiling at the start of the run (needs a C++ compiler); false: never
+    compile: bool | None = None
     # vllm only (verl's names): GPU memory share for weights + KV cache, tensor-parallel GPUs, KV cache freed while training
     gpu_memory_utilization: float = 0.5
     tensor_model_parallel_size: int = 1

@@ -10,8 +10,8 @@ ENGINES = ("hf", "builtin", "vllm")
 def make_rollout_engine(name: str, model, tokenizer, device, **options) -> RolloutEngine:
     """The rollout engine called name, generating with model (the actor's policy).
 
-    options go to the vLLM engine (gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, dtype); the colocated
-    engines take none.
+    options go to the vLLM engine (gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode, dtype) and to the
+    built-in one (compile); the HF engine takes none.
     """
     if name == "hf":
         from verl_runtime.rollout.hf import HFRolloutEngine
@@ -20,7 +20,7 @@ def make_rollout_engine(name: str, model, tokenizer, device, **options) -> Rollo
     if name == "builtin":
         from verl_runtime.rollout.builtin import BuiltinRolloutEngine
 
-        return BuiltinRolloutEngine(model, tokenizer, device)
+        return BuiltinRolloutEngine(model, tokenizer, device, **options)
     if name == "vllm":
         from verl_runtime.rollout.vllm import VLLMRolloutEngine
 

@@ -7,7 +7,9 @@ log-prob (log_softmax(logits / T), what ``models.response_log_probs`` recomputes
 On the CPU, Llama-family models (Qwen2, Llama, Mistral) decode through ``lean_decoder.LeanDecoder``: the same
 block maths on the model's own weights without transformers' per-step overhead (masks, cache objects, modules),
 about twice as fast with tiny models, each prompt prefilled once for its n samples; ``lean_model.lean_path_applies``
-says when (everything else takes the model's forward).
+says when (everything else takes the model's forward). With compile=True its decode step is compiled once per run
+(torch.compile, which needs a C++ compiler on the CPU; the slabs are padded up to a length bucket so later calls
+reuse the graph): about a quarter faster per step, for some seconds of compiling at the first call.
 On CUDA the decode step runs as a CUDA graph: the model's forward is compiled once per run
 (``torch.compile(mode="reduce-overhead")``) over a static KV cache, with batch and cache length padded up to
 buckets so later calls reuse the captured graphs. On the CPU a dynamic cache without compilation is faster (the
@@ -17,10 +19,12 @@ static cache attends over its whole preallocated length at every step).
 from __future__ import annotations
 
 import copy
+import shutil
 from contextlib import nullcontext
 
 import torch
 
+from verl_runtime.errors import ConfigError
 from verl_runtime.lean_model import lean_path_applies
 from verl_runtime.models import position_ids_from_mask
 from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad, mask_after_first_eos
@@ -30,13 +34,15 @@ from verl_runtime.rollout.lean_decoder import LeanDecoder
 # Compiled shapes are padded up to these multiples, so a run captures a handful of graphs, not one per call.
 BATCH_BUCKET = 8
 LENGTH_BUCKET = 128
+LEAN_LENGTH_BUCKET = 64  # the lean step attends over its whole slab, so a finer bucket wastes less
 
 
 class BuiltinRolloutEngine:
     """Generates with the actor's own model object (colocated, like the HF engine).
 
-    compile: None picks CUDA graphs on CUDA and eager decoding elsewhere; True/False force it. Compiling implies the
-    static cache; static_cache=True alone runs the same cache eagerly (how the CPU tests check that path).
+    compile: None picks CUDA graphs on CUDA and eager decoding elsewhere; True/False force it (on the CPU, True
+    compiles the lean decode step, and needs a C++ compiler). Compiling the model's forward implies the static
+    cache; static_cache=True alone runs that cache eagerly (how the CPU tests check that path).
     lean=False decodes through the model's forward even where the lean path applies (how the tests compare both).
 
     Under autocast (fp32 master weights, bf16 compute: the actor on a GPU) the static cache cannot take the model
@@ -53,9 +59,13 @@ class BuiltinRolloutEngine:
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.compile = self.device.type == "cuda" if compile is None else compile
+        if self.compile and self.device.type == "cpu" and not _cpp_compiler():
+            raise ConfigError("compiling the decode step on the CPU needs a C++ compiler (g++ or clang++) on the "
+                              "PATH: install one, or set rollout.compile=false")
         self.static_cache = self.compile or static_cache
-        self.lean = lean
+        self.lean = lean and not static_cache  # the static cache belongs to the model-forward path
         self._step = None  # the compiled forward, built on first use and kept for the run
+        self._advance = None  # the compiled lean decode step and sampling, likewise
         self._cache = None  # the static KV cache of the last shape, reused so captured graphs stay valid
         self._cache_key = None  # (batch, length, dtype) of self._cache
         self._copy = None  # the weights in the autocast dtype, for the static path under autocast
@@ -102,8 +112,12 @@ class BuiltinRolloutEngine:
     def _decode(self, model, prompt_ids, prompt_mask, params: SamplingParams):
         rows = prompt_ids.shape[0]
         total = prompt_ids.shape[1] + params.max_new_tokens
-        if self.lean and not self.static_cache and lean_path_applies(model, self.device, total):
-            decoder = LeanDecoder(model, prompt_ids, prompt_mask, params.max_new_tokens, repeats=params.n)
+        advance = _advance
+        if self.lean and lean_path_applies(model, self.device, total):
+            length = _round_up(total, LEAN_LENGTH_BUCKET) if self.compile else None
+            decoder = LeanDecoder(model, prompt_ids, prompt_mask, params.max_new_tokens, params.n, length)
+            if self.compile:
+                advance = self._compiled_advance()
         else:
             decoder = _ForwardDecoder(self, model, prompt_ids, prompt_mask, params.max_new_tokens)
         logits = decoder.prefill()
@@ -115,16 +129,16 @@ class BuiltinRolloutEngine:
         )
         eos = torch.tensor(self.eos_ids, device=self.device)
         finished = torch.zeros(width, dtype=torch.bool, device=self.device)
+        step_tokens, step_log_probs = sample(logits.float(), params, draws[0])
         tokens, log_probs = [], []
-        for t in range(params.max_new_tokens):
-            # Finished rows keep sampling (rows never see each other); what follows their EOS is padded below.
-            step_tokens, step_log_probs = sample(logits.float(), params, draws[t])
+        for t in range(1, params.max_new_tokens + 1):
             tokens.append(step_tokens)
             log_probs.append(step_log_probs)
             finished |= torch.isin(step_tokens, eos)
-            if t == params.max_new_tokens - 1 or bool(finished[:rows].all()):
+            if t == params.max_new_tokens or bool(finished[:rows].all()):
                 break
-            logits = decoder.step(step_tokens)
+            # Finished rows keep sampling (rows never see each other); what follows their EOS is padded below.
+            step_tokens, step_log_probs = advance(decoder, step_tokens, params, draws[t])
         responses = torch.full((rows, params.max_new_tokens), self.pad_id, dtype=torch.long, device=self.device)
         responses[:, : len(tokens)] = torch.stack(tokens, dim=1)[:rows]
         responses.masked_fill_(mask_after_first_eos(responses, self.eos_ids) == 0, self.pad_id)
@@ -143,6 +157,12 @@ class BuiltinRolloutEngine:
             return self._cache
         self._cache, self._cache_key = StaticCache(config=self.model.config, max_cache_len=length), key
         return self._cache
+
+    def _compiled_advance(self):
+        if self._advance is None:
+            # One graph for the lean step and its sampling: every shape stays the same from step to step.
+            self._advance = torch.compile(_advance, fullgraph=True, dynamic=False)
+        return self._advance
 
     def _compiled_step(self, model):
         if self._step is None:
@@ -208,6 +228,11 @@ class _ForwardDecoder:
         ).logits[:, -1]
 
 
+def _advance(decoder, tokens: torch.Tensor, params: SamplingParams, draws: torch.Tensor):
+    """Feed tokens [B] and sample the next ones: (tokens, log-probs), as sample() returns them."""
+    return sample(decoder.step(tokens).float(), params, draws)
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens [B] and their log-probs log_softmax(logits / T) [B], from fp32 logits [B, V] and one uniform
     draw in [0, 1) per row, draws [B, 1] (unused under greedy decoding).
@@ -259,6 +284,11 @@ def _generator(seed: int | None, device: torch.device):
     if seed is None:
         return None
     return torch.Generator(device=device).manual_seed(seed)
+
+
+def _cpp_compiler() -> str | None:
+    """torch.compile's CPU backend builds its kernels with the system's C++ compiler."""
+    return next(filter(None, map(shutil.which, ("g++", "clang++", "c++"))), None)
 
 
 def _round_up(value: int, multiple: int) -> int:

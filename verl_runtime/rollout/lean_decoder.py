@@ -24,27 +24,36 @@ class LeanDecoder:
     position. Weights are read afresh at every call, so weights the optimizer updated in place are used next time.
     """
 
-    def __init__(self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int, repeats: int):
+    def __init__(
+        self, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, max_new_tokens: int, repeats: int,
+        static_length: int | None = None,
+    ):
+        """static_length: slabs of that many slots, each step attending over all of them (the mask hides the
+        slots not written yet), so that every step has the same shapes, as a compiled step needs. Without it each
+        step attends over the slots written so far, which is faster eagerly."""
         self.blocks = blocks = Blocks(model)
         self.prompt_ids, self.prompt_mask, self.repeats = prompt_ids, prompt_mask, repeats
         rows, prompt_length = prompt_ids.shape
-        total = prompt_length + max_new_tokens
+        self.static = static_length is not None
+        total = static_length or prompt_length + max_new_tokens
         # One [rows * kv_heads, total, d] slab per layer: a decode step's attention is then two batched matmuls.
         shape = (rows * blocks.kv_heads, total, blocks.head_dim)
-        self.keys = [model.model.embed_tokens.weight.new_empty(shape) for _ in model.model.layers]
-        self.values = [model.model.embed_tokens.weight.new_empty(shape) for _ in model.model.layers]
+        self.keys = [model.model.embed_tokens.weight.new_zeros(shape) for _ in model.model.layers]
+        self.values = [model.model.embed_tokens.weight.new_zeros(shape) for _ in model.model.layers]
 
         # Positions as the trainer computes them: counting real prompt tokens, then one per generated token.
         positions = position_ids_from_mask(prompt_mask)
-        steps = torch.arange(1, max_new_tokens + 1, device=prompt_ids.device)
+        steps = torch.arange(1, total - prompt_length + 1, device=prompt_ids.device)
         self.cos, self.sin = blocks.rotary(torch.cat([positions, positions[:, -1:] + steps], dim=1))
 
-        # Keys a query may see: the real prompt tokens and every generated one (finished rows keep feeding pads
-        # and attending, as transformers' generate does; their tokens are masked out afterwards).
-        visible = torch.cat([prompt_mask.bool(), prompt_mask.new_ones(rows, max_new_tokens, dtype=torch.bool)], 1)
+        # Keys a query may see: the real prompt tokens, then each generated slot from the step that fills it on
+        # (finished rows keep feeding tokens and attending; what follows their EOS is masked out afterwards).
+        visible = torch.cat([prompt_mask.bool(), prompt_mask.new_zeros(rows, total - prompt_length, dtype=torch.bool)], 1)
         # [rows * kv_heads, 1, total]: each row's mask repeated for its kv heads, as the key slabs are laid out.
         self.step_bias = attention_bias(visible, blocks.dtype).repeat_interleave(blocks.kv_heads, dim=0)[:, None]
-        self.cursor = prompt_length
+        # The slot the next step writes, as a tensor: a compiled step takes it as an input, not a constant.
+        self.cursor = torch.tensor([prompt_length], device=prompt_ids.device)
+        self.written = prompt_length  # the same, for slicing the written slots (eager steps only)
         self.step_weights = [StepWeights.of(layer, fused) for layer, fused in blocks.layers()]
 
     def prefill(self) -> torch.Tensor:
@@ -62,29 +71,34 @@ class LeanDecoder:
         return blocks.logits(hidden[:, -1:])[:, -1].repeat_interleave(self.repeats, dim=0)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits after feeding tokens [B]. One query per row, so the layer is written for that shape: heads stay in
-        one axis ([B, heads, d]) and attention is one matmul with the mask added, softmax and one matmul. Python
-        time is a good part of a step with small models: the weights come from plain tuples, not module lookups."""
+        """Logits after feeding tokens [B] at the cursor. One query per row, so the layer is written for that shape:
+        heads stay in one axis ([B, heads, d]) and attention is one matmul with the mask added, softmax and one
+        matmul. Python time is a good part of a step with small models: the weights come from plain tuples, not
+        module lookups."""
         blocks, cursor = self.blocks, self.cursor
-        end = cursor + 1
         rows = tokens.shape[0]
         heads, kv_heads, head_dim = blocks.heads, blocks.kv_heads, blocks.head_dim
-        cos, sin = self.cos[:, 0, cursor:end], self.sin[:, 0, cursor:end]  # [B, 1, d]: broadcast over heads
-        bias = self.step_bias[..., :end]
+        cos, sin = self.cos[:, 0].index_select(1, cursor), self.sin[:, 0].index_select(1, cursor)  # [B, 1, d]
+        bias = self.step_bias.index_fill_(2, cursor, 0.0)  # this step's slot becomes visible
+        seen = slice(None)
+        if not self.static:
+            self.written += 1
+            seen = slice(None, self.written)
+        bias = bias[..., seen]
         hidden = blocks.embed(tokens[:, None])
         for w, keys, values in zip(self.step_weights, self.keys, self.values):
             qkv = F.linear(rms_norm(hidden, w.input_norm), w.qkv_weight, w.qkv_bias).view(rows, -1, head_dim)
             rotated = rotate(qkv[:, : heads + kv_heads], cos, sin)
-            keys[:, cursor] = rotated[:, heads:].reshape(-1, head_dim)
-            values[:, cursor] = qkv[:, heads + kv_heads :].reshape(-1, head_dim)
+            keys.index_copy_(1, cursor, rotated[:, heads:].reshape(-1, 1, head_dim))
+            values.index_copy_(1, cursor, qkv[:, heads + kv_heads :].reshape(-1, 1, head_dim))
             # The query heads of one kv head attend together: [B * kv_heads, heads / kv_heads, d].
             queries = rotated[:, :heads].reshape(rows * kv_heads, heads // kv_heads, head_dim)
-            scores = torch.baddbmm(bias, queries, keys[:, :end].transpose(1, 2), alpha=blocks.scale)
-            attended = torch.bmm(scores.softmax(dim=-1), values[:, :end]).view(rows, 1, heads * head_dim)
+            scores = torch.baddbmm(bias, queries, keys[:, seen].transpose(1, 2), alpha=blocks.scale)
+            attended = torch.bmm(scores.softmax(dim=-1), values[:, seen]).view(rows, 1, heads * head_dim)
             hidden = hidden + F.linear(attended, w.o_weight, w.o_bias)
             gate, up = F.linear(rms_norm(hidden, w.post_norm), w.gate_up_weight, w.gate_up_bias).chunk(2, -1)
             hidden = hidden + F.linear(F.silu(gate) * up, w.down_weight, w.down_bias)
-        self.cursor = end
+        cursor += 1
         return blocks.logits(hidden)[:, -1]
 
 

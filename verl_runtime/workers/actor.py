@@ -40,6 +40,8 @@ class ActorWorker:
 
     def _make_rollout(self, config: Config, tokenizer, device: torch.device):
         options = {}
+        if config.rollout.name == "builtin":
+            options = {"compile": config.rollout.compile}
         if config.rollout.name == "vllm":
             options = {
                 "gpu_memory_utilization": config.rollout.gpu_memory_utilization,
