@@ -196,9 +196,32 @@ def linear(x: torch.Tensor, module: torch.nn.Linear) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
     """transformers' RMSNorm (Qwen2RMSNorm, LlamaRMSNorm, MistralRMSNorm): fp32 statistics, weight in x's dtype."""
-    if x.dtype == torch.float32:  # the same maths in one call (the weight applied last, as transformers does)
-        return F.rms_norm(x, (x.shape[-1],), norm.weight, eps=norm.variance_epsilon)
-    return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype)
+    if x.dtype != torch.float32:
+        return norm.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon).to(x.dtype)
+    if torch.is_grad_enabled():
+        return _RMSNorm.apply(x, norm.weight, norm.variance_epsilon)
+    # The same maths in one call (the weight applied last, as transformers does).
+    return F.rms_norm(x, (x.shape[-1],), norm.weight, eps=norm.variance_epsilon)
+
+
+class _RMSNorm(torch.autograd.Function):
+    """fp32 RMSNorm with its backward written out: autograd through the composite (a power, a mean, an addition, a
+    reciprocal square root and two products) runs about twice as many passes over the activations."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rstd = torch.rsqrt(x.square().mean(-1, keepdim=True).add_(eps))
+        normed = x * rstd
+        ctx.save_for_backward(normed, rstd, weight)
+        return normed * weight
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        normed, rstd, weight = ctx.saved_tensors
+        grad_weight = (grad * normed).flatten(0, -2).sum(0) if ctx.needs_input_grad[1] else None
+        g = grad * weight  # the gradient at the normed activations
+        grad_x = (g - normed * (g * normed).mean(-1, keepdim=True)).mul_(rstd) if ctx.needs_input_grad[0] else None
+        return grad_x, grad_weight, None
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
