@@ -27,7 +27,9 @@ import torch
 from verl_runtime.errors import ConfigError
 from verl_runtime.lean_model import lean_path_applies
 from verl_runtime.models import position_ids_from_mask
-from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad, mask_after_first_eos
+from verl_runtime.rollout.base import (
+    RolloutBatch, SamplingParams, assemble_batch, eval_mode, left_pad, mask_after_first_eos,
+)
 from verl_runtime.rollout.hf import eos_token_ids
 from verl_runtime.rollout.lean_decoder import LeanDecoder
 
@@ -75,15 +77,10 @@ class BuiltinRolloutEngine:
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         model = self._decoding_model()
-        was_training = model.training
-        model.eval()
-        try:
-            # The copy already holds the compute dtype: autocast would only add casts (and break the cache).
-            no_autocast = nullcontext() if model is self.model else torch.autocast(self.device.type, enabled=False)
-            with torch.inference_mode(), no_autocast:
-                responses, log_probs = self._decode(model, prompt_ids, prompt_mask, params)
-        finally:
-            model.train(was_training)
+        # The copy already holds the compute dtype: autocast would only add casts (and break the cache).
+        no_autocast = nullcontext() if model is self.model else torch.autocast(self.device.type, enabled=False)
+        with eval_mode(model), torch.inference_mode(), no_autocast:
+            responses, log_probs = self._decode(model, prompt_ids, prompt_mask, params)
         # Clone out of inference mode: the trainer feeds these ids to forward passes that need autograd.
         batch = assemble_batch(prompt_ids, prompt_mask, responses.clone(), self.eos_ids)
         batch.rollout_log_probs = log_probs.clone() * batch.response_mask

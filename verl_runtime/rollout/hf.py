@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import torch
 
-from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad
+from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, eval_mode, left_pad
 
 
 class HFRolloutEngine:
@@ -28,13 +28,9 @@ class HFRolloutEngine:
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         config = hf_generation_config(params, self.eos_ids, self.pad_id)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode(), _seeded(params.seed, self.device), _only(self.model, config):
-                sequences = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask)
-        finally:
-            self.model.train(was_training)
+        with eval_mode(self.model), torch.inference_mode(), _seeded(params.seed, self.device), \
+                _only(self.model, config):
+            sequences = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask)
         # Clone out of inference mode: the trainer feeds these ids to forward passes that need autograd.
         responses = sequences[:, prompt_ids.shape[1] :].clone()
         missing = params.max_new_tokens - responses.shape[1]  # generate stops early once every row hit EOS

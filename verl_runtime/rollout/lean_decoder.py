@@ -48,7 +48,8 @@ class LeanDecoder:
 
         # Keys a query may see: the real prompt tokens, then each generated slot from the step that fills it on
         # (finished rows keep feeding tokens and attending; what follows their EOS is masked out afterwards).
-        visible = torch.cat([prompt_mask.bool(), prompt_mask.new_zeros(rows, total - prompt_length, dtype=torch.bool)], 1)
+        generated = prompt_mask.new_zeros(rows, total - prompt_length, dtype=torch.bool)
+        visible = torch.cat([prompt_mask.bool(), generated], dim=1)
         # [rows * kv_heads, 1, total]: each row's mask repeated for its kv heads, as the key slabs are laid out.
         self.step_bias = attention_bias(visible, blocks.dtype).repeat_interleave(blocks.kv_heads, dim=0)[:, None]
         # The slot the next step writes, as a tensor: a compiled step takes it as an input, not a constant.
