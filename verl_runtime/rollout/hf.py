@@ -28,8 +28,9 @@ class HFRolloutEngine:
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         config = hf_generation_config(params, self.eos_ids, self.pad_id)
-        with eval_mode(self.model), torch.inference_mode(), _seeded(params.seed, self.device), \
-                _only(self.model, config):
+        with (
+            eval_mode(self.model), torch.inference_mode(), _seeded(params.seed, self.device), _only(self.model, config)
+        ):
             sequences = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask)
         # Clone out of inference mode: the trainer feeds these ids to forward passes that need autograd.
         responses = sequences[:, prompt_ids.shape[1] :].clone()
