@@ -192,3 +192,16 @@ def test_sync_weights_is_a_no_op_for_the_colocated_engine(engine, tiny):
 def test_unknown_engine_is_a_config_error(tiny):
     with pytest.raises(ConfigError, match="unknown rollout engine 'sglang': choose one of hf"):
         make_rollout_engine("sglang", *tiny, "cpu")
+
+
+def test_a_diverged_policy_is_named_not_a_sampler_traceback(tiny):
+    """Weights an update blew up give non-finite probabilities: generate says the actor diverged, in one line."""
+    import copy
+
+    from verl_runtime.errors import TrainingError
+
+    model, tokenizer = copy.deepcopy(tiny[0]), tiny[1]
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    with pytest.raises(TrainingError, match="the actor diverged.*lower actor.lr"):
+        make_rollout_engine("hf", model, tokenizer, "cpu").generate(_prompts(tokenizer), SamplingParams(n=2))

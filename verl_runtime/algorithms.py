@@ -54,20 +54,22 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log p(label) for each position: logits (..., vocab), labels (...) -> (...)."""
-    if logits.dtype in (torch.float32, torch.float64):
-        # Avoids materialising a second vocab-sized tensor.
-        picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-        return picked - torch.logsumexp(logits, dim=-1)
-    # logsumexp is imprecise in bf16/fp16, so go through log_softmax as verl does.
-    return torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    """log p(label) for each position: logits (..., vocab), labels (...) -> (...).
+
+    Through log_softmax, as verl does: its fused kernels beat a logsumexp chain, and every caller (actor, reference,
+    old log-probs) gets bit-identical values for identical logits, so an on-policy KL starts at exactly zero.
+    """
+    return _picked(torch.log_softmax(logits, dim=-1), labels)
 
 
 def logprobs_and_entropy_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """logprobs_from_logits and entropy_from_logits from one log_softmax: its fused forward and backward kernels
-    cost less than two logsumexp chains (each a max, a subtraction, an exp and a sum, and as many again backward)."""
+    """logprobs_from_logits and entropy_from_logits from one log_softmax."""
     log_p = torch.log_softmax(logits, dim=-1)
-    return log_p.gather(-1, labels.unsqueeze(-1)).squeeze(-1), -(log_p.exp() * log_p).sum(dim=-1)
+    return _picked(log_p, labels), -(log_p.exp() * log_p).sum(dim=-1)
+
+
+def _picked(log_p: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return log_p.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ from contextlib import contextmanager
 
 import torch
 
+from verl_runtime.errors import TrainingError
 from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, eval_mode, left_pad
 
 
@@ -29,7 +30,8 @@ class HFRolloutEngine:
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         config = hf_generation_config(params, self.eos_ids, self.pad_id)
         with (
-            eval_mode(self.model), torch.inference_mode(), _seeded(params.seed, self.device), _only(self.model, config)
+            eval_mode(self.model), torch.inference_mode(), _seeded(params.seed, self.device),
+            _only(self.model, config), _diverged_policy_named(),
         ):
             sequences = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask)
         # Clone out of inference mode: the trainer feeds these ids to forward passes that need autograd.
@@ -77,6 +79,18 @@ def _only(model, config):
         yield
     finally:
         model.generation_config = saved
+
+
+@contextmanager
+def _diverged_policy_named():
+    """torch.multinomial's error on inf/nan probabilities, as what it means here (weights an update blew up)."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if "probability tensor contains" not in str(exc):
+            raise
+        raise TrainingError("the actor diverged (its next-token probabilities are not finite): lower actor.lr "
+                            "or check the rewards") from exc
 
 
 @contextmanager
