@@ -95,7 +95,7 @@ def render(w: Workload, rounds: list[list[Result]], steps: int, warmup: int) -> 
     lines = [
         f"preset {w.preset}: {w.prompts} prompts x {w.samples} samples x {w.new_tokens} tokens, {w.dtype} on "
         f"{w.device}; median of {steps} steps after {warmup} warm-up" + (f", {len(rounds)} rounds" if len(rounds) > 1 else ""),
-        f"{'trainer':<26}{'s/step':>9}{'steps/s':>9}{'tokens/s':>10}{'len mean/pad':>14}{'vs TRL':>9}",
+        f"{'trainer':<32}{'s/step':>9}{'steps/s':>9}{'tokens/s':>10}{'len mean/pad':>14}{'vs TRL':>9}",
     ]
     for i, r in enumerate(rounds[0]):
         runs = [results[i] for results in rounds]
@@ -109,7 +109,7 @@ def render(w: Workload, rounds: list[list[Result]], steps: int, warmup: int) -> 
             ratio = f"{statistics.median(ratios):>8.2f}x"
             if len(ratios) > 1:
                 ratio += f"  (rounds {min(ratios):.2f}x-{max(ratios):.2f}x)"
-        lines.append(f"{name:<26}{merged.median_s:>9.3f}{merged.steps_per_s:>9.2f}{merged.tokens_per_s:>10,.0f}"
+        lines.append(f"{name:<32}{merged.median_s:>9.3f}{merged.steps_per_s:>9.2f}{merged.tokens_per_s:>10,.0f}"
                      f"{length:>14}{ratio}")
     return "\n".join(lines)
 
