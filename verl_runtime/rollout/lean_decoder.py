@@ -54,7 +54,6 @@ class LeanDecoder:
         self.step_bias = attention_bias(visible, blocks.dtype).repeat_interleave(blocks.kv_heads, dim=0)[:, None]
         # The slot the next step writes, as a tensor: a compiled step takes it as an input, not a constant.
         self.cursor = torch.tensor([prompt_length], device=prompt_ids.device)
-        self.written = prompt_length  # the same, for slicing the written slots (eager steps only)
         self.step_weights = [StepWeights.of(layer, fused) for layer, fused in blocks.layers()]
 
     def prefill(self) -> torch.Tensor:
@@ -80,12 +79,8 @@ class LeanDecoder:
         rows = tokens.shape[0]
         heads, kv_heads, head_dim = blocks.heads, blocks.kv_heads, blocks.head_dim
         cos, sin = self.cos[:, 0].index_select(1, cursor), self.sin[:, 0].index_select(1, cursor)  # [B, 1, d]
-        bias = self.step_bias.index_fill_(2, cursor, 0.0)  # this step's slot becomes visible
-        seen = slice(None)
-        if not self.static:
-            self.written += 1
-            seen = slice(None, self.written)
-        bias = bias[..., seen]
+        seen = slice(None) if self.static else slice(None, int(cursor) + 1)  # eagerly, the slots written by now
+        bias = self.step_bias.index_fill_(2, cursor, 0.0)[..., seen]  # this step's slot becomes visible
         hidden = blocks.embed(tokens[:, None])
         for w, keys, values in zip(self.step_weights, self.keys, self.values):
             qkv = F.linear(rms_norm(hidden, w.input_norm), w.qkv_weight, w.qkv_bias).view(rows, -1, head_dim)
