@@ -5,7 +5,7 @@ import json
 import statistics
 from pathlib import Path
 
-from _workload import SideRun, Workload, chat, prompt_texts
+from _workload import SideRun, Workload, chat, engine_options, prompt_texts
 
 REWARD_FN = f"{Path(__file__).resolve().parent / '_reward.py'}:compute_score"
 
@@ -40,8 +40,7 @@ def ours_config(
     c.data.batch_size = w.prompts
     c.data.max_response_length = w.new_tokens
     c.data.shuffle = True
-    c.rollout.name, _, variant = engine.partition("-")
-    c.rollout.compile = True if variant == "compile" else None
+    c.rollout.name, c.rollout.compile = engine_options(engine)
     c.rollout.n = w.samples
     c.rollout.temperature = 1.0
     c.rollout.log_prob_micro_batch_size_per_gpu = w.micro_batch

@@ -52,3 +52,9 @@ class SideRun:
     response_length: float
     padded_length: float
     controller_s: list[float] = field(default_factory=list)  # ours: per step, time outside the workers' methods
+
+
+def engine_options(engine: str) -> tuple[str, bool | None]:
+    """rollout.name and rollout.compile of a bench engine name: builtin-compile is builtin with compile=true."""
+    name, _, variant = engine.partition("-")
+    return name, True if variant == "compile" else None

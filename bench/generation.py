@@ -21,16 +21,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # verl_runtime from this checkout
 
-from _workload import PRESETS, chat, prompt_texts  # noqa: E402
+from _workload import PRESETS, chat, engine_options, prompt_texts  # noqa: E402
 from grpo_vs_trl import installed_engines  # noqa: E402
 
 
-def make_engine(name: str, model, tokenizer, device):
+def make_engine(engine: str, model, tokenizer, device):
     from verl_runtime.rollout import make_rollout_engine
 
-    engine, _, variant = name.partition("-")
-    options = {"compile": True} if variant == "compile" else {}
-    return make_rollout_engine(engine, model, tokenizer, device, **options)
+    name, compile = engine_options(engine)
+    options = {} if name == "hf" else {"compile": compile}
+    return make_rollout_engine(name, model, tokenizer, device, **options)
 
 
 def main(argv=None) -> int:

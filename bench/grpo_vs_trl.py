@@ -40,11 +40,12 @@ ENGINES = ("builtin", "builtin-compile", "hf", "vllm")
 
 def installed_engines(preset: str) -> list[str]:
     import importlib.util
-    import shutil
+
+    from verl_runtime.rollout.builtin import cpp_compiler
 
     available = {
         "vllm": importlib.util.find_spec("vllm") is not None,
-        "builtin-compile": preset == "cpu" and any(map(shutil.which, ("g++", "clang++", "c++"))),
+        "builtin-compile": preset == "cpu" and cpp_compiler() is not None,
     }
     return [e for e in ENGINES if available.get(e, True)]
 

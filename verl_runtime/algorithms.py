@@ -65,17 +65,20 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
 def logprobs_and_entropy_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logprobs_from_logits and entropy_from_logits from one log_softmax."""
     log_p = torch.log_softmax(logits, dim=-1)
-    return _picked(log_p, labels), -(log_p.exp() * log_p).sum(dim=-1)
+    return _picked(log_p, labels), _entropy(log_p)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the categorical distribution at each position: (..., vocab) -> (...)."""
+    return _entropy(torch.log_softmax(logits, dim=-1))
 
 
 def _picked(log_p: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return log_p.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution at each position: (..., vocab) -> (...)."""
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+def _entropy(log_p: torch.Tensor) -> torch.Tensor:
+    return -(log_p.exp() * log_p).sum(dim=-1)
 
 
 def sequence_scores_to_token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

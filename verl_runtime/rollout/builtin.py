@@ -61,7 +61,7 @@ class BuiltinRolloutEngine:
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.compile = self.device.type == "cuda" if compile is None else compile
-        if self.compile and self.device.type == "cpu" and not _cpp_compiler():
+        if self.compile and self.device.type == "cpu" and not cpp_compiler():
             raise ConfigError("compiling the decode step on the CPU needs a C++ compiler (g++ or clang++) on the "
                               "PATH: install one, or set rollout.compile=false")
         self.static_cache = self.compile or static_cache
@@ -283,7 +283,7 @@ def _generator(seed: int | None, device: torch.device):
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def _cpp_compiler() -> str | None:
+def cpp_compiler() -> str | None:
     """torch.compile's CPU backend builds its kernels with the system's C++ compiler."""
     return next(filter(None, map(shutil.which, ("g++", "clang++", "c++"))), None)
 
