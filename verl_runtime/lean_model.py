@@ -69,14 +69,12 @@ class Blocks:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.core.embed_tokens(ids)  # the module: its padding_idx row gets no gradient, as in the forward
 
-    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin [B, 1, L, head_dim] for positions [B, L], from the model's own rotary module (every
-        rope variant whose frequencies do not depend on the sequence length stays right)."""
+    def rotary(self, positions: torch.Tensor) -> torch.Tensor:
+        """The rotations [B, 1, L, head_dim / 2, 2] (cos, sin pairs) for positions [B, L], from the model's own rotary
+        module (every rope variant whose frequencies do not depend on the sequence length stays right)."""
         cos, sin = self.core.rotary_emb(self.core.embed_tokens.weight, positions)
-        # rotate_half(x) = cat(-x2, x1) = x.roll(half) with its first half negated: the sign moves into sin.
-        half = self.head_dim // 2
-        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-        return cos[:, None], sin[:, None]  # broadcast over heads
+        half = self.head_dim // 2  # both halves of cos and sin hold the same frequencies
+        return torch.stack([cos[..., :half], sin[..., :half]], dim=-1).float()[:, None]  # broadcast over heads
 
     def project(self, layer, fused, hidden: torch.Tensor, rotary) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries [B, heads, L, d] and keys, values [B, kv_heads, L, d] of hidden [B, L, D]; q and k rotated."""
@@ -85,7 +83,7 @@ class Blocks:
         qkv = F.linear(x, fused.qkv_weight, fused.qkv_bias).view(rows, length, -1, self.head_dim).transpose(1, 2)
         # split, not slicing: its backward is one cat, where each slice's would fill a zero tensor of qkv's size
         qk, values = qkv.split([self.heads + self.kv_heads, self.kv_heads], dim=1)
-        queries, keys = rotate(qk, *rotary).split([self.heads, self.kv_heads], dim=1)  # rotated in one go
+        queries, keys = rotate(qk, rotary).split([self.heads, self.kv_heads], dim=1)  # rotated in one go
         return queries, keys, values
 
     def attend(self, queries, keys, values, bias: torch.Tensor) -> torch.Tensor:
@@ -170,7 +168,12 @@ def shared_prefix_logits(model, input_ids, attention_mask, position_ids, respons
 
 @dataclass
 class FusedWeights:
-    """One layer's q/k/v and gate/up projections stacked, so each group is one matmul."""
+    """One layer's q/k/v and gate/up projections stacked, so each group is one matmul.
+
+    The rows of q and k are reordered within each head from transformers' half-split layout (x1 | x2, rotated as
+    x1 + i x2) to interleaved pairs (x1[0], x2[0], x1[1], x2[1], ...), so that rotary is one complex product. Queries
+    and keys share the order, so their dot products, and everything after them, are unchanged.
+    """
 
     qkv_weight: torch.Tensor
     qkv_bias: torch.Tensor | None
@@ -180,11 +183,27 @@ class FusedWeights:
     @classmethod
     def of(cls, layer) -> FusedWeights:
         attention, mlp = layer.self_attn, layer.mlp
-        qkv = _stacked(attention.q_proj, attention.k_proj, attention.v_proj)
+        head_dim = attention.head_dim
+        q, k = (_Interleaved(p, head_dim) for p in (attention.q_proj, attention.k_proj))
+        qkv = _stacked(q, k, attention.v_proj)
         return cls(*qkv, *_stacked(mlp.gate_proj, mlp.up_proj))
 
 
-def _stacked(*projections: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+class _Interleaved:
+    """A q or k projection's weight and bias with each head's rows in the interleaved order."""
+
+    def __init__(self, projection: torch.nn.Linear, head_dim: int):
+        self.weight = _interleave(projection.weight, head_dim)
+        self.bias = None if projection.bias is None else _interleave(projection.bias, head_dim)
+
+
+def _interleave(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """[heads * head_dim, ...] rows, each head's two halves interleaved (row j of the first half, then of the second)."""
+    split = rows.unflatten(0, (-1, 2, head_dim // 2))  # [heads, half, half-index, ...]
+    return split.transpose(1, 2).flatten(0, 2)
+
+
+def _stacked(*projections) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The weight and bias (None when they have none) of one Linear that computes all of projections at once."""
     weight = torch.cat([p.weight for p in projections])
     return weight, None if projections[0].bias is None else torch.cat([p.bias for p in projections])
@@ -224,6 +243,16 @@ class _RMSNorm(torch.autograd.Function):
         return grad_x, grad_weight, None
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin, with rotate_half(x) * sin == x.roll(half) * signed_sin (see Blocks.rotary)."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+def rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [..., head_dim] in the interleaved layout (see FusedWeights): each pair of neighbours is
+    a complex number, turned by the matching (cos, sin) pair of rotation [..., head_dim / 2, 2]. Eagerly that is one
+    complex product, where transformers' half-split layout (x * cos + rotate_half(x) * sin) takes four passes over x
+    and as many in the backward; inductor generates no code for complex numbers, so a compiled graph gets the same
+    product in real arithmetic, which it fuses."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    if torch.compiler.is_compiling():
+        (real, imaginary), (cos, sin) = pairs.unbind(-1), rotation.unbind(-1)
+        turned = torch.stack([real * cos - imaginary * sin, real * sin + imaginary * cos], dim=-1)
+    else:
+        turned = torch.view_as_real(torch.view_as_complex(pairs) * torch.view_as_complex(rotation))
+    return turned.flatten(-2).to(x.dtype)
