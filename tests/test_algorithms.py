@@ -54,6 +54,31 @@ def test_logprobs_and_entropy_from_logits(dtype):
     close(entropies, [[entropy, entropy]], atol=atol)
 
 
+
+@pytest.mark.parametrize("weights", [(1.0, 0.0), (0.0, 1.0), (0.7, -0.3)])
+def test_the_fused_log_prob_and_entropy_gradients_are_autograds(weights):
+    """Its written-out backward against autograd through log_softmax, gather and the entropy formula, in float64,
+    for a loss of the log-probs alone, of the entropy alone (an entropy bonus), and of both."""
+    logits = torch.randn(3, 5, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(11, (3, 5), generator=torch.Generator().manual_seed(1))
+    mix = torch.randn(2, 3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    def gradient(log_prob_and_entropy):
+        z = logits.clone().requires_grad_()
+        log_probs, entropy = log_prob_and_entropy(z)
+        loss = 0.0
+        for weight, term, m in zip(weights, (log_probs, entropy), mix):
+            if weight:
+                loss = loss + weight * (term * m).sum()
+        loss.backward()
+        return z.grad
+
+    def by_autograd(z):
+        return A.logprobs_from_logits(z, labels), A.entropy_from_logits(z)
+
+    fused = gradient(lambda z: A.logprobs_and_entropy_from_logits(z, labels))
+    torch.testing.assert_close(fused, gradient(by_autograd), atol=1e-12, rtol=0)
+
 def test_sequence_scores_land_on_the_last_response_token():
     mask = T([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
     scores = T([1.0, 2.0, 3.0])

@@ -63,9 +63,34 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
 
 
 def logprobs_and_entropy_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """logprobs_from_logits and entropy_from_logits from one log_softmax."""
-    log_p = torch.log_softmax(logits, dim=-1)
-    return _picked(log_p, labels), _entropy(log_p)
+    """logprobs_from_logits and entropy_from_logits from one log_softmax (the same values, bit for bit)."""
+    return _LogProbAndEntropy.apply(logits, labels)
+
+
+class _LogProbAndEntropy(torch.autograd.Function):
+    """The picked log-probs and the entropy, with the backward written out from the probabilities the entropy
+    needs anyway: d log p(y) / dz = onehot(y) - p and dH / dz = -p (log p + H). Autograd instead fills a
+    vocabulary-sized zero tensor for gather's backward and runs log_softmax's backward over it."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor):
+        ctx.set_materialize_grads(False)  # an output left out of the loss (the entropy, mostly) gets no gradient
+        log_p = torch.log_softmax(logits, dim=-1)
+        p = log_p.exp()
+        entropy = -(p * log_p).sum(dim=-1)
+        ctx.save_for_backward(p, log_p, entropy, labels)
+        return _picked(log_p, labels), entropy
+
+    @staticmethod
+    def backward(ctx, grad_picked: torch.Tensor | None, grad_entropy: torch.Tensor | None):
+        p, log_p, entropy, labels = ctx.saved_tensors
+        grad = None
+        if grad_picked is not None:
+            grad = (p * -grad_picked[..., None]).scatter_add_(-1, labels[..., None], grad_picked[..., None])
+        if grad_entropy is not None:
+            from_entropy = p * (log_p + entropy[..., None]) * grad_entropy[..., None]
+            grad = from_entropy.neg_() if grad is None else grad.sub_(from_entropy)
+        return grad, None
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
