@@ -5,6 +5,9 @@ response_mask, and later old_log_prob, ref_log_prob, values, advantages, returns
 (uid, data_source, ground_truth, extra_info, raw_prompt).
 """
 
+import torch
+
+from verl_runtime.allocator import keep_freed_memory
 from verl_runtime.workers.actor import ActorWorker
 from verl_runtime.workers.critic import CriticWorker
 from verl_runtime.workers.reference import ReferenceWorker
@@ -15,6 +18,8 @@ ROLE_CLASSES = {"actor": ActorWorker, "critic": CriticWorker, "ref": ReferenceWo
 
 def build_roles(config, roles: list[str], tokenizer, device) -> dict:
     """The role objects named in `roles`, built in ROLE_CLASSES' order (the same random stream in any process)."""
+    if torch.device(device).type == "cpu":
+        keep_freed_memory()  # activations are freed and allocated again every step
     built = {}
     for name in (name for name in ROLE_CLASSES if name in roles):
         if name in ("actor", "reward"):
