@@ -59,7 +59,9 @@ class LeanDecoder:
         # The slot the next step writes, as a tensor: a compiled step takes it as an input, not a constant.
         self.cursor = torch.tensor([prompt_length], device=prompt_ids.device)
         self.step_weights = [StepWeights.of(layer, fused) for layer, fused in blocks.layers()]
+        self.flat_keys, self.flat_values = [k.flatten(0, 1) for k in self.keys], [v.flatten(0, 1) for v in self.values]
         self.embedding, self.final_norm = model.model.embed_tokens.weight, model.model.norm
+        self.final_eps = _epsilon(self.final_norm)
 
     def prefill(self) -> torch.Tensor:
         """Each distinct prompt once (every repeats-th row); its keys, values and logits copied to its group."""
@@ -85,33 +87,34 @@ class LeanDecoder:
         seen = slice(None) if self.static else slice(None, int(cursor) + 1)  # eagerly, the slots written by now
         bias = self.step_bias.index_fill_(2, cursor, 0.0)[..., seen]  # this step's slot becomes visible
         hidden = self.embedding.index_select(0, tokens)  # [B, D]
-        for w, keys, values in zip(self.step_weights, self.keys, self.values):
+        layers = zip(self.step_weights, self.keys, self.values, self.flat_keys, self.flat_values)
+        for w, keys, values, flat_keys, flat_values in layers:
             qkv = _linear(_normalized(hidden, w.input_eps), w.qkv, w.qkv_bias).view(rows, -1, head_dim)
             rotated = rotate(qkv[:, : heads + kv_heads], rotation)
             keys.index_copy_(2, cursor, rotated[:, heads:, None])
             values.index_copy_(2, cursor, qkv[:, heads + kv_heads :, None])
             queries = rotated[:, :heads].reshape(rows * kv_heads, heads // kv_heads, head_dim)
-            scores = torch.baddbmm(bias, queries, keys.flatten(0, 1)[:, seen].transpose(1, 2), alpha=blocks.scale)
-            attended = torch.bmm(scores.softmax(dim=-1), values.flatten(0, 1)[:, seen]).view(rows, -1)
+            scores = torch.baddbmm(bias, queries, flat_keys[:, seen].transpose(1, 2), alpha=blocks.scale)
+            attended = torch.bmm(scores.softmax(dim=-1), flat_values[:, seen]).view(rows, -1)
             hidden = _linear(attended, w.o, w.o_bias, residual=hidden)
             gate, up = _linear(_normalized(hidden, w.post_eps), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
             hidden = _linear(F.silu(gate).mul_(up), w.down, w.down_bias, residual=hidden)
         cursor += 1
-        norm = self.final_norm
-        normed = (_normalized(hidden, norm.variance_epsilon) * norm.weight)[:, None]
+        normed = (_normalized(hidden, self.final_eps) * self.final_norm.weight)[:, None]
         return blocks.model.lm_head(normed)[:, -1]  # the module with the forward's shapes: its hooks fire as there
 
 
 class StepWeights(NamedTuple):
     """One layer's tensors for the decode step, transposed for matmuls; each RMSNorm's weight is folded into the
-    projection that follows it (norm(x) W^T = (x * rstd)(W * weight)^T), so the step applies only the 1/rms."""
+    projection that follows it (norm(x) W^T = (x * rstd)(W * weight)^T), so the step applies only the 1/rms. (In
+    bf16 the folded weight is rounded once more, within the dtype's own noise.)"""
 
-    input_eps: float
+    input_eps: torch.Tensor
     qkv: torch.Tensor
     qkv_bias: torch.Tensor | None
     o: torch.Tensor
     o_bias: torch.Tensor | None
-    post_eps: float
+    post_eps: torch.Tensor
     gate_up: torch.Tensor
     gate_up_bias: torch.Tensor | None
     down: torch.Tensor
@@ -122,17 +125,23 @@ class StepWeights(NamedTuple):
         o_proj, down_proj = layer.self_attn.o_proj, layer.mlp.down_proj
         input_norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm
         return cls(
-            input_norm.variance_epsilon, (fused.qkv_weight * input_norm.weight).t(), fused.qkv_bias,
+            _epsilon(input_norm), (fused.qkv_weight * input_norm.weight).t(), fused.qkv_bias,
             o_proj.weight.t(), o_proj.bias,
-            post_norm.variance_epsilon, (fused.gate_up_weight * post_norm.weight).t(), fused.gate_up_bias,
+            _epsilon(post_norm), (fused.gate_up_weight * post_norm.weight).t(), fused.gate_up_bias,
             down_proj.weight.t(), down_proj.bias,
         )
 
 
-def _normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / rms(x) over the last axis (RMSNorm without its weight), in three operations."""
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    return x * (norm.square_().div_(x.shape[-1]).add_(eps).rsqrt_())
+def _normalized(x: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """x / rms(x) over the last axis, in fp32 as transformers computes it (RMSNorm without its weight); eps is a
+    0-dim tensor so that mean + eps is one operation."""
+    x32 = x.float()
+    norm = torch.linalg.vector_norm(x32, dim=-1, keepdim=True)
+    return (x32 * torch.addcmul(eps, norm, norm, value=1 / x.shape[-1]).rsqrt_()).to(x.dtype)
+
+
+def _epsilon(norm) -> torch.Tensor:
+    return torch.tensor(norm.variance_epsilon, device=norm.weight.device)
 
 
 def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None = None):
