@@ -1,6 +1,6 @@
 """A lean decode path for Llama-family models (Qwen2, Llama, Mistral) on the CPU, on ``lean_model.Blocks``.
 
-Keys and values go into a preallocated [B, kv_heads, total, head_dim] tensor at the cursor; each step attends over
+Keys and values go into a preallocated [B * kv_heads, total, head_dim] tensor at the cursor; each step attends over
 the filled prefix with an additive mask made once per call. Rows come in groups of ``repeats`` samples of one
 prompt: the prefill runs each distinct prompt once and copies its keys and values to every row of its group.
 ``lean_model.lean_path_applies`` says when it is used; everything else decodes through the model's forward.
@@ -41,7 +41,9 @@ class LeanDecoder:
         rows, prompt_length = prompt_ids.shape
         self.static = static_length is not None
         total = static_length or prompt_length + max_new_tokens
-        shape = (rows, blocks.kv_heads, total, blocks.head_dim)
+        # One [rows * kv_heads, total, d] slab per layer (and no other view of it: a compiled step that writes
+        # through one view and reads through another copies the whole slab at every step).
+        shape = (rows * blocks.kv_heads, total, blocks.head_dim)
         self.keys = [model.model.embed_tokens.weight.new_zeros(shape) for _ in model.model.layers]
         self.values = [model.model.embed_tokens.weight.new_zeros(shape) for _ in model.model.layers]
 
@@ -59,7 +61,6 @@ class LeanDecoder:
         # The slot the next step writes, as a tensor: a compiled step takes it as an input, not a constant.
         self.cursor = torch.tensor([prompt_length], device=prompt_ids.device)
         self.step_weights = [StepWeights.of(layer, fused) for layer, fused in blocks.layers()]
-        self.flat_keys, self.flat_values = [k.flatten(0, 1) for k in self.keys], [v.flatten(0, 1) for v in self.values]
         self.embedding, self.final_norm = model.model.embed_tokens.weight, model.model.norm
         self.final_eps = _epsilon(self.final_norm)
 
@@ -72,8 +73,8 @@ class LeanDecoder:
         hidden = blocks.embed(self.prompt_ids[group])
         for (layer, fused), keys, values in zip(blocks.layers(), self.keys, self.values):
             queries, new_keys, new_values = blocks.project(layer, fused, hidden, rotation)
-            keys[:, :, :length] = new_keys.repeat_interleave(self.repeats, dim=0)
-            values[:, :, :length] = new_values.repeat_interleave(self.repeats, dim=0)
+            keys[:, :length] = new_keys.repeat_interleave(self.repeats, dim=0).flatten(0, 1)
+            values[:, :length] = new_values.repeat_interleave(self.repeats, dim=0).flatten(0, 1)
             hidden = blocks.finish(layer, fused, hidden, blocks.attend(queries, new_keys, new_values, bias))
         return blocks.logits(hidden[:, -1:])[:, -1].repeat_interleave(self.repeats, dim=0)
 
@@ -87,15 +88,14 @@ class LeanDecoder:
         seen = slice(None) if self.static else slice(None, int(cursor) + 1)  # eagerly, the slots written by now
         bias = self.step_bias.index_fill_(2, cursor, 0.0)[..., seen]  # this step's slot becomes visible
         hidden = self.embedding.index_select(0, tokens)  # [B, D]
-        layers = zip(self.step_weights, self.keys, self.values, self.flat_keys, self.flat_values)
-        for w, keys, values, flat_keys, flat_values in layers:
+        for w, keys, values in zip(self.step_weights, self.keys, self.values):
             qkv = _linear(_normalized(hidden, w.input_eps), w.qkv, w.qkv_bias).view(rows, -1, head_dim)
             rotated = rotate(qkv[:, : heads + kv_heads], rotation)
-            keys.index_copy_(2, cursor, rotated[:, heads:, None])
-            values.index_copy_(2, cursor, qkv[:, heads + kv_heads :, None])
+            keys.index_copy_(1, cursor, rotated[:, heads:].reshape(-1, 1, head_dim))
+            values.index_copy_(1, cursor, qkv[:, heads + kv_heads :].reshape(-1, 1, head_dim))
             queries = rotated[:, :heads].reshape(rows * kv_heads, heads // kv_heads, head_dim)
-            scores = torch.baddbmm(bias, queries, flat_keys[:, seen].transpose(1, 2), alpha=blocks.scale)
-            attended = torch.bmm(scores.softmax(dim=-1), flat_values[:, seen]).view(rows, -1)
+            scores = torch.baddbmm(bias, queries, keys[:, seen].transpose(1, 2), alpha=blocks.scale)
+            attended = torch.bmm(scores.softmax(dim=-1), values[:, seen]).view(rows, -1)
             hidden = _linear(attended, w.o, w.o_bias, residual=hidden)
             gate, up = _linear(_normalized(hidden, w.post_eps), w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
             hidden = _linear(F.silu(gate).mul_(up), w.down, w.down_bias, residual=hidden)
