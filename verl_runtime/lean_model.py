@@ -199,7 +199,7 @@ class _Interleaved:
 
 def _interleave(rows: torch.Tensor, head_dim: int) -> torch.Tensor:
     """[heads * head_dim, ...] rows, each head's two halves interleaved (row j of the first half, then of the second)."""
-    split = rows.unflatten(0, (-1, 2, head_dim // 2))  # [heads, half, half-index, ...]
+    split = rows.unflatten(0, (-1, 2, head_dim // 2))  # [heads, which half, index within the half, ...]
     return split.transpose(1, 2).flatten(0, 2)
 
 

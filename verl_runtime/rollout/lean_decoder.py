@@ -7,8 +7,8 @@ prompt: the prefill runs each distinct prompt once and copies its keys and value
 
 A decode step with a small model is bound by the number of operations, not by arithmetic (each costs a few
 microseconds), so the step is written with as few as the maths allows: hidden states stay [B, D]; each RMSNorm's
-weight is folded into the projection after it, leaving one norm and one product to the step; residual additions
-ride on the matmuls (addmm); rotary is one complex product (lean_model.rotate).
+weight is folded into the projection after it, so the step applies only 1/rms; residual additions ride on the
+matmuls (addmm); rotary is one complex product (lean_model.rotate).
 """
 
 from __future__ import annotations
