@@ -77,7 +77,7 @@ class _LogProbAndEntropy(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # an output left out of the loss (the entropy, mostly) gets no gradient
         log_p = torch.log_softmax(logits, dim=-1)
         p = log_p.exp()
-        entropy = -(p * log_p).sum(dim=-1)
+        entropy = _entropy(p, log_p)
         ctx.save_for_backward(p, log_p, entropy, labels)
         return _picked(log_p, labels), entropy
 
@@ -95,15 +95,16 @@ class _LogProbAndEntropy(torch.autograd.Function):
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the categorical distribution at each position: (..., vocab) -> (...)."""
-    return _entropy(torch.log_softmax(logits, dim=-1))
+    log_p = torch.log_softmax(logits, dim=-1)
+    return _entropy(log_p.exp(), log_p)
 
 
 def _picked(log_p: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return log_p.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
 
-def _entropy(log_p: torch.Tensor) -> torch.Tensor:
-    return -(log_p.exp() * log_p).sum(dim=-1)
+def _entropy(p: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+    return -(p * log_p).sum(dim=-1)
 
 
 def sequence_scores_to_token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
