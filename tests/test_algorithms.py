@@ -54,7 +54,6 @@ def test_logprobs_and_entropy_from_logits(dtype):
     close(entropies, [[entropy, entropy]], atol=atol)
 
 
-
 @pytest.mark.parametrize("weights", [(1.0, 0.0), (0.0, 1.0), (0.7, -0.3)])
 def test_the_fused_log_prob_and_entropy_gradients_are_autograds(weights):
     """Its written-out backward against autograd through log_softmax, gather and the entropy formula, in float64,
