@@ -70,7 +70,7 @@ def test_volta_on_470_is_below_the_driver_floor():
     assert not compat.meets_floor(driver)
     found = verdicts("v100-470")
     assert found["cpu"].runs
-    assert "older than 525.60.13" in found["cu126"].reason and found["cu126"].needs_driver == "525.60.13"
+    assert "older than 525.60.13" in found["cu128"].reason and found["cu128"].needs_driver == "525.60.13"
     # CUDA 13 wheels dropped Volta: no driver upgrade fixes that.
     assert "compute capability 7.0 is not built into cu130" in found["cu130"].reason
     assert found["cu130"].needs_driver is None
@@ -79,23 +79,20 @@ def test_volta_on_470_is_below_the_driver_floor():
 
 def test_ampere_on_535_runs_cuda_12_variants_but_not_13():
     found = verdicts("a100-535")
-    assert found["cu126"].runs and found["cu128"].runs
+    assert found["cu128"].runs  # a 12.2 driver runs CUDA 12.8 code through minor-version compatibility
     assert not found["cu130"].runs and "older than 580.65.06" in found["cu130"].reason
-    # Neither 12.6 nor 12.8 is fully supported by a 12.2 driver: the oldest leans least on compatibility.
-    assert compat.choose_variant(*host("a100-535")).name == "cu126"
+    assert compat.choose_variant(*host("a100-535")).name == "cu128"
 
 
 def test_ada_runs_wheels_built_for_an_older_minor_of_its_major():
     found = verdicts("l4-550")
-    assert found["cu126"].runs  # 8.9 runs the 8.6 kernels
+    assert found["cu128"].runs  # 8.9 runs the 8.6 kernels
     assert compat.capability_supported("8.9", ("8.0", "8.6"))
     assert not compat.capability_supported("9.0", ("8.0", "8.6"))  # never across majors
 
 
 def test_consumer_blackwell_on_570_needs_cuda_12_8():
     found = verdicts("rtx5090-570")
-    assert not found["cu126"].runs
-    assert "12.0 is not built into cu126" in found["cu126"].reason and "Blackwell needs CUDA >= 12.8" in found["cu126"].reason
     assert found["cu128"].runs
     assert not found["cu130"].runs
     assert compat.choose_variant(*host("rtx5090-570")).name == "cu128"
@@ -103,7 +100,6 @@ def test_consumer_blackwell_on_570_needs_cuda_12_8():
 
 def test_blackwell_on_a_driver_that_predates_it_runs_no_cuda_variant():
     found = verdicts("b200-550")
-    assert "10.0 is not built into cu126" in found["cu126"].reason
     assert "predates Blackwell" in found["cu128"].reason and found["cu128"].needs_driver == "570.86.10"
     assert found["cu130"].needs_driver == "580.65.06"
     assert compat.choose_variant(*host("b200-550")).name == "cpu"

@@ -69,7 +69,7 @@ def test_h200_on_580_is_ready_for_cuda_13():
     assert found["driver"]["status"] == "ok" and found["driver"]["message"] == "driver 580.159.04, CUDA up to 13.0"
     assert found["gpu 0"]["status"] == "ok"
     assert "NVIDIA H200, 140.4 GiB" in found["gpu 0"]["message"] and "CC 9.0, MIG off, ECC on" in found["gpu 0"]["message"]
-    assert all(found[f"variant {v}"]["status"] == "ok" for v in ("cpu", "cu126", "cu128", "cu130"))
+    assert all(found[f"variant {v}"]["status"] == "ok" for v in ("cpu", "cu128", "cu130"))
     assert document["recommended_variant"] == "cu130"
     assert not [f for f in found.values() if f["status"] == "fail"]
     assert_consistent(code, document)
@@ -91,16 +91,16 @@ def test_driver_535_runs_cuda_12_variants_and_explains_cuda_13():
     assert found["driver"]["message"] == "driver 535.183.01, CUDA up to 12.2"
     assert len([name for name in found if name.startswith("gpu ")]) == 8
     assert found["variant cu130"]["status"] == "skip" and "older than 580.65.06" in found["variant cu130"]["message"]
-    assert document["recommended_variant"] == "cu126"
+    assert document["recommended_variant"] == "cu128"
     assert_consistent(code, document)
 
 
-def test_driver_550_with_ada_gpus_picks_cuda_12_6():
+def test_driver_550_with_ada_gpus_picks_cuda_12_8():
     code, document = replay("l4-550")
     found = nvidia(document)
     assert found["driver"]["message"] == "driver 550.127.05, CUDA up to 12.4"
     assert "CC 8.9" in found["gpu 0"]["message"] and "MIG n/a" in found["gpu 0"]["message"]
-    assert document["recommended_variant"] == "cu126"
+    assert document["recommended_variant"] == "cu128"
     assert_consistent(code, document)
 
 
@@ -108,7 +108,7 @@ def test_driver_570_with_consumer_blackwell_picks_cuda_12_8():
     code, document = replay("rtx5090-570")
     found = nvidia(document)
     assert found["driver"]["message"] == "driver 570.133.07, CUDA up to 12.8"
-    assert "Blackwell needs CUDA >= 12.8" in found["variant cu126"]["message"]
+    assert "predates Blackwell" not in found["variant cu128"]["message"]
     assert "ECC n/a" in found["gpu 0"]["message"]
     assert document["recommended_variant"] == "cu128"
     assert_consistent(code, document)
@@ -137,7 +137,7 @@ def test_gpu_host_with_cpu_torch_is_told_which_build_to_install():
     _, document = replay("rtx5090-570")
     torch = next(f for f in document["findings"] if f["area"] == "pytorch")
     if "CPU-only build" in torch["message"]:  # the dev venv holds the CPU wheel
-        assert torch["status"] == "warn" and "whl/cu128" in torch["remedy"]
+        assert torch["status"] == "warn" and torch["remedy"] == "install the CUDA 12.8 build from PyPI: pip install torch==2.10.0"
 
 
 def test_no_gpu_is_not_an_error_and_says_how_to_get_gpu_mode():

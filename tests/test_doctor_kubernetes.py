@@ -117,7 +117,7 @@ def test_gpu_node_labels_pick_a_variant():
     }
     finding = kubernetes_check.gpu_node_finding("gpu-1", 8, labels)
     assert finding.status == "ok"
-    assert finding.message == "8 x NVIDIA-H100-80GB-HBM3, driver 550.54.15, CC 9.0: variant cu126"
+    assert finding.message == "8 x NVIDIA-H100-80GB-HBM3, driver 550.54.15, CC 9.0: variant cu128"
 
 
 def test_gpu_node_with_new_style_labels_and_a_driver_too_old_for_blackwell():

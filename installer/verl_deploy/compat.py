@@ -57,10 +57,12 @@ class Variant:
     description: str
     cuda: str | None
     torch: str
-    torch_index_url: str
+    torch_index_url: str | None  # None: PyPI has this build
     vllm: str | None
     min_driver: str | None
     compute_capabilities: tuple[str, ...]
+    compiler: bool = False
+    unused: tuple[str, ...] = ()  # distributions the build removes again: nothing in the image uses them
 
     @property
     def is_cpu(self) -> bool:
@@ -96,10 +98,12 @@ def _load_catalog(path: Path) -> tuple[tuple[str, Variant], ...]:
                 description=spec.get("description", ""),
                 cuda=_str_or_none(spec.get("cuda")),
                 torch=str(spec["torch"]),
-                torch_index_url=spec.get("torch_index_url", ""),
+                torch_index_url=_str_or_none(spec.get("torch_index_url")),
                 vllm=_str_or_none(spec.get("vllm")),
                 min_driver=_str_or_none(spec.get("min_driver")),
                 compute_capabilities=tuple(str(cc) for cc in spec.get("compute_capabilities") or ()),
+                compiler=bool(spec.get("compiler", False)),
+                unused=tuple(str(name) for name in spec.get("unused") or ()),
             ),
         )
         for name, spec in data["variants"].items()

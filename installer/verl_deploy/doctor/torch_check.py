@@ -36,7 +36,7 @@ def check(ctx: Context) -> list[Finding]:
             remedy = (
                 "install a CUDA build once the driver runs one (see the nvidia lines)"
                 if best.is_cpu
-                else f"install a CUDA build: pip install torch --index-url {best.torch_index_url}"
+                else f"install the CUDA {best.cuda} build from PyPI: pip install torch=={best.torch}"
             )
             return [
                 Finding(AREA, "torch", "warn", f"{version}, a CPU-only build: --target local leaves the GPUs idle",
