@@ -55,15 +55,32 @@ def test_cuda_variant_asks_the_toolkit_for_a_driver_that_runs_it(name):
 
 
 @pytest.mark.parametrize("name", CUDA_VARIANTS)
-def test_cuda_variant_installs_torch_from_its_own_index(name):
+def test_cuda_variant_takes_torch_and_vllm_from_pypi_alone(name):
+    """PyPI's Linux torch is the CUDA build the catalog names: no torch index to reach, none to fall back from."""
     v = compat.load_catalog()[name]
     opts = plan(name)
-    torch_conf = pip_config(opts, for_torch=True)
-    assert f"extra-index-url = {v.torch_index_url}" in torch_conf
-    assert v.torch_index_url.rstrip("/").endswith(name)
-    # Only the torch step sees the torch index; the rest of the dependencies come from the package index.
-    assert v.torch_index_url not in pip_config(opts)
+    assert v.torch_index_url is None and v.vllm
+    assert pip_config(opts, for_torch=True) == pip_config(opts)
+    assert "index-url" not in pip_config(opts)
+    args = build_args(opts)
+    assert args["VLLM_VERSION"] == v.vllm and args["COMPILER"] == "true"
+    assert args["COMPUTE_CAPABILITIES"] == ",".join(v.compute_capabilities)
     assert opts.tag == f"verl-deploy:{__version__}-{name}"
+
+
+def test_a_torch_index_is_a_mirror_for_the_torch_step_only():
+    opts = plan("cu130", torch_index_url="https://mirror.example/torch/cu130")
+    assert "extra-index-url = https://mirror.example/torch/cu130" in pip_config(opts, for_torch=True)
+    assert "mirror.example" not in pip_config(opts)
+
+
+def test_pip_in_the_build_retries_little_and_the_catalog_lists_what_it_removes():
+    conf = pip_config(plan("cpu"))
+    assert "retries = 2" in conf and "timeout = 60" in conf
+    cpu, cu130 = build_args(plan("cpu")), build_args(plan("cu130"))
+    assert "torch/include" in cpu["UNUSED_PATHS"].split()  # no compiler in the cpu image: no headers either
+    assert "torch/include" not in cu130["UNUSED_PATHS"].split() and "torch/test" in cu130["UNUSED_PATHS"].split()
+    assert "flashinfer-python" in cu130["UNUSED"].split() and cpu["UNUSED"] == ""
 
 
 def test_context_holds_the_dockerfile_source_and_build_extras_only():
@@ -74,6 +91,7 @@ def test_context_holds_the_dockerfile_source_and_build_extras_only():
     assert not [n for n in members if "__pycache__" in n or n.endswith(".pyc")]
     assert not [n for n in members if n.startswith((".venv", "tests/", ".git", "runs/"))]
     assert {n for n in members if n.startswith("extras/")} == {"extras/pip.conf", "extras/pip-torch.conf"}
+    assert {n for n in members if n.startswith("build/")} == {"build/preflight.py", "build/verify.py", "build/prune.py"}
 
 
 def test_context_is_a_tar_the_engine_can_read():
@@ -96,7 +114,7 @@ def test_wheelhouse_with_the_pinned_torch_replaces_the_torch_index(tmp_path):
 
 
 def test_wheelhouse_without_the_pinned_torch_keeps_the_torch_index(tmp_path):
-    (tmp_path / "torch-2.9.1+cu128-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"wheel")
+    (tmp_path / "torch-2.10.0+cu128-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"wheel")
     torch_conf = pip_config(plan("cpu", wheelhouse=tmp_path), for_torch=True)
     assert "extra-index-url = https://download.pytorch.org/whl/cpu" in torch_conf
 
@@ -141,7 +159,7 @@ def test_runtime_stage_copies_nothing_from_the_build_extras():
     """The CA bundle, pip.conf and wheelhouse live in /extras of the deps stage; only runtime-with-ca takes the
     bundle from there."""
     stages = re.split(r"^FROM ", DOCKERFILE.read_text(), flags=re.M)
-    runtime = next(s for s in stages if s.startswith("${BASE_IMAGE} AS runtime"))
+    runtime = next(s for s in stages if s.startswith("toolchain AS runtime"))
     assert "extras" not in runtime and "PIP_CERT" not in runtime
     assert "USER 1000:1000" in runtime and "WORKDIR /workspace" in runtime
     assert 'ENTRYPOINT ["python", "-m", "verl_runtime"]' in runtime
@@ -200,7 +218,7 @@ def test_bad_build_input_is_one_line_and_exit_1(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["images", "build", "--variant", "cu999"])
     assert result.exit_code == 1
-    assert "unknown variant 'cu999': choose one of cpu, cu126" in result.output
+    assert "unknown variant 'cu999': choose one of cpu, cu128" in result.output
     result = runner.invoke(app, ["images", "build", "--variant", "cpu", "--wheelhouse", str(tmp_path / "none")])
     assert result.exit_code == 1 and "is not a directory" in result.output
     assert "Traceback" not in result.output
@@ -231,3 +249,22 @@ def test_host_mirrors_carry_over_unless_given():
     assert opts.pip_extra_index_urls == ("https://a.example", "https://b.example")
     assert any("PIP_INDEX_URL" in n for n in notes) and not any("mirror.example" in n for n in notes)
     assert plan("cpu", env=env, pip_index_url="https://other.example/simple").pip_index_url == "https://other.example/simple"
+
+
+def test_list_shows_the_tag_run_uses_and_other_local_tags_after_it():
+    from rich.console import Console
+
+    from verl_deploy.images.listing import LocalImage, rows, table
+
+    local = {"cpu": [LocalImage((image_tag("cpu"), "reg.example:5000/verl-deploy:mine"), 1_500_000_000, "2026-12-01 12:00")],
+             "cu130": [LocalImage(("verl-deploy-test:cu130",), 9_000_000_000, "2026-12-01 12:30")]}
+    console = Console(record=True, width=250)
+    console.print(table(rows(None, [], local)))
+    text = console.export_text()
+    cpu = next(line for line in text.splitlines() if line.startswith("│ cpu "))
+    assert image_tag("cpu") in cpu and "1.50 GB" in cpu and "yes" in cpu
+    assert "also: reg.example:5000/verl-deploy:mine" in text
+    cu130 = next(line for line in text.splitlines() if line.startswith("│ cu130 "))
+    # Only another tag of cu130 is here: `run` would not find its image.
+    assert f"{image_tag('cu130')} (not built or pulled)" in cu130 and "no NVIDIA GPU" in cu130
+    assert "also: verl-deploy-test:cu130" in text

@@ -12,7 +12,7 @@ import tarfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from verl_deploy import __version__, compat
 
@@ -21,6 +21,8 @@ REPO = DOCKER_DIR.parent
 DOCKERFILE = DOCKER_DIR / "Dockerfile"
 # The project files an image needs, relative to the repository root.
 SOURCES = ("pyproject.toml", "installer/constraints.txt", "verl_runtime", "installer/verl_deploy")
+# The build's own checks (preflight, verify, prune): build-only, under build/ in the context.
+BUILD_SCRIPTS = DOCKER_DIR / "build"
 SKIPPED = ("__pycache__", ".pyc", ".egg-info")
 # Where the build-only extras sit in the deps stage (see docker/Dockerfile).
 EXTRAS = "/extras"
@@ -47,7 +49,7 @@ class BuildOptions:
 
 
 @lru_cache(maxsize=1)
-def build_defaults() -> dict[str, str]:
+def build_defaults() -> dict[str, Any]:
     """The catalog's `build:` section: base_image, repository."""
     import yaml
 
@@ -87,8 +89,9 @@ def wheelhouse_has_torch(wheelhouse: Path | None, torch_version: str) -> bool:
 
 
 def torch_index(opts: BuildOptions) -> str | None:
-    """The index torch comes from; None when the wheelhouse holds the pinned torch (then torch comes from there
-    and no torch index is consulted, which also keeps an air-gapped build off the network for torch)."""
+    """The index torch comes from besides the package index: --torch-index-url, else the catalog's (only where
+    PyPI lacks the build, e.g. +cpu). None when the wheelhouse holds the pinned torch (then no torch index is
+    consulted, which also keeps an air-gapped build off the network for torch) or PyPI has it."""
     if wheelhouse_has_torch(opts.wheelhouse, opts.variant.torch):
         return None
     return opts.torch_index_url or opts.variant.torch_index_url or None
@@ -109,6 +112,8 @@ def pip_config(opts: BuildOptions, for_torch: bool = False) -> str:
         lines.append(f"find-links = {EXTRAS}/wheelhouse")
     if opts.ca_bundle:
         lines.append(f"cert = {EXTRAS}/ca-bundle.pem")
+    # Few retries: preflight.py has already asked every index once.
+    lines += ["retries = 2", "timeout = 60", "root-user-action = ignore"]
     return "\n".join(lines) + "\n"
 
 
@@ -128,11 +133,21 @@ def build_args(opts: BuildOptions) -> dict[str, str]:
         "VARIANT": v.name,
         "CUDA": v.cuda or "none",
         "TORCH_VERSION": v.torch,
+        "COMPUTE_CAPABILITIES": ",".join(v.compute_capabilities),
         "VLLM_VERSION": v.vllm or "",
+        "COMPILER": "true" if v.compiler else "false",
+        "UNUSED": " ".join(v.unused),
+        "UNUSED_PATHS": " ".join(unused_paths(v)),
         "RUNTIME_VERSION": __version__,
         "NVIDIA_VISIBLE_DEVICES": "void" if v.is_cpu else "all",
         "NVIDIA_REQUIRE_CUDA": nvidia_require_cuda(v),
     }
+
+
+def unused_paths(v: compat.Variant) -> list[str]:
+    """What the build removes under site-packages: the catalog's list, and torch's C++ headers where the image
+    has no compiler to read them."""
+    return list(build_defaults().get("unused_paths") or ()) + ([] if v.compiler else ["torch/include"])
 
 
 def target(opts: BuildOptions) -> str:
@@ -160,6 +175,8 @@ def context_members(opts: BuildOptions) -> dict[str, Path | bytes]:
             name = file.relative_to(REPO).as_posix()
             if not any(skipped in name for skipped in SKIPPED):
                 members[name] = file
+    for script in sorted(BUILD_SCRIPTS.glob("*.py")):
+        members[f"build/{script.name}"] = script
     members["extras/pip.conf"] = pip_config(opts).encode()
     members["extras/pip-torch.conf"] = pip_config(opts, for_torch=True).encode()
     if opts.ca_bundle:
