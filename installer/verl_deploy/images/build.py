@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import tempfile
 import time
+from contextlib import nullcontext
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,11 +17,14 @@ from rich.text import Text
 
 from verl_deploy.images.context import BuildOptions, ImageError, build_args, check, target, write_context
 from verl_deploy.images.engine import engine
+from verl_deploy.images.progress import PROGRESS, Heartbeat, StepStatus
 
 STEP_LINE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 STEP_DONE = re.compile(r"^ ---> ([0-9a-f]{12})$")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the engine colours a step's stderr
 NOISE = re.compile(r"^( ---> Running in |Removing intermediate container |Successfully (built|tagged) )")
 TAIL_LINES = 25
+OWN_PREFIX = "verl-deploy: "  # how docker/build/*.py start the line that says what went wrong
 
 
 class BuildFailed(ImageError):
@@ -36,6 +40,7 @@ class Step:
     cached: bool = False
     seconds: float | None = None
     log: list[str] = field(default_factory=list)
+    status: StepStatus = field(default_factory=StepStatus)
 
 
 @dataclass
@@ -46,6 +51,7 @@ class BuildLog:
     steps: list[Step] = field(default_factory=list)
     image_id: str | None = None
     error: str | None = None
+    plain: list[str] = field(default_factory=list)  # what a plain log prints of the steps' output, not yet taken
 
     @property
     def current(self) -> Step | None:
@@ -59,7 +65,7 @@ class BuildLog:
         if "aux" in event:
             self.image_id = event["aux"].get("ID", self.image_id)
             return []
-        text = event.get("stream") or _status_line(event)
+        text = ANSI.sub("", event.get("stream") or _status_line(event))
         return [step for line in text.splitlines() if (step := self._line(line.rstrip()))]
 
     def _line(self, line: str) -> Step | None:
@@ -67,15 +73,21 @@ class BuildLog:
         such as a global ARG make no layer)."""
         step, now = self.current, self.clock()
         if match := STEP_LINE.match(line):
-            self.steps.append(Step(int(match[1]), int(match[2]), match[3], now))
+            self.steps.append(Step(int(match[1]), int(match[2]), match[3], now, status=StepStatus(self.clock)))
             return self._finish(step, now) if step and step.seconds is None else None
         if step and line == " ---> Using cache":
             step.cached = True
         elif step and step.seconds is None and STEP_DONE.match(line):
             return self._finish(step, now)
         elif step and line.strip() and not NOISE.match(line):
-            step.log.append(line)
+            self.plain += step.status.feed(line)
+            if not PROGRESS.match(line.strip()):
+                step.log.append(line)
         return None
+
+    def take_plain(self) -> list[str]:
+        taken, self.plain = self.plain, []
+        return taken
 
     @staticmethod
     def _finish(step: Step, now: float) -> Step:
@@ -117,15 +129,20 @@ def build(opts: BuildOptions, console: Console) -> Built:
             fileobj=context, custom_context=True, tag=opts.tag, buildargs=build_args(opts), target=target(opts),
             nocache=opts.no_cache, rm=True, forcerm=True, decode=True,
         )
-        for event in _events(stream, docker.errors.APIError):
-            for finished in log.feed(event):
-                console.print(_step_line(finished), soft_wrap=True)
-            if log.current:
-                progress.update(
-                    task, total=log.current.total, completed=log.current.number - 1,
-                    description=escape(f"Step {log.current.number}: {_short(log.current.instruction, 50)}"),
-                )
-                last_line.plain = log.current.log[-1] if log.current.log else ""
+        heartbeat = Heartbeat(lambda line: console.print(escape(line), highlight=False, soft_wrap=True))
+        with heartbeat if not console.is_terminal else nullcontext():
+            for event in _events(stream, docker.errors.APIError):
+                finished_steps = log.feed(event)
+                for line in log.take_plain() if not console.is_terminal else ():  # a log: output, progress throttled
+                    console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
+                for finished in finished_steps:
+                    console.print(_step_line(finished), soft_wrap=True)
+                if log.current:
+                    step = f"Step {log.current.number}/{log.current.total} {_short(log.current.instruction, 50)}"
+                    heartbeat.beat(step)
+                    progress.update(task, total=log.current.total, completed=log.current.number - 1,
+                                    description=escape(step))
+                    last_line.plain = log.current.status.status
     if log.error:
         raise _failure(log, console, opts.base_image)
     image = api.inspect_image(opts.tag)
@@ -155,7 +172,10 @@ def _failure(log: BuildLog, console: Console, base_image: str) -> BuildFailed:
     console.print(f"[red]✗ Step {step.number}/{step.total} {escape(_short(step.instruction, 90))}[/]", soft_wrap=True)
     for line in step.log[-TAIL_LINES:]:
         console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
-    return BuildFailed(f"build failed at step {step.number}/{step.total} ({_short(step.instruction, 60)}): {log.error}")
+    # The build's own checks (docker/build/*.py) say what is wrong and what to do in one line: that is the error.
+    said = [line.strip()[len(OWN_PREFIX):] for line in step.log if line.strip().startswith(OWN_PREFIX)]
+    why = said[-1] if said else log.error
+    return BuildFailed(f"build failed at step {step.number}/{step.total} ({_short(step.instruction, 60)}): {why}")
 
 
 def _short(text: str, width: int) -> str:
