@@ -243,7 +243,7 @@ images_app = typer.Typer(
     help="Build, pull and list the runtime images (variants: docker/variants.yaml).", no_args_is_help=True
 )
 app.add_typer(images_app, name="images")
-_VARIANT_OPTION = typer.Option("auto", "--variant", help="auto | cpu | cu126 | cu128 | cu130 (auto: what this host runs best).")
+_VARIANT_OPTION = typer.Option("auto", "--variant", help="A variant of docker/variants.yaml (`images list` shows them) or auto: what this host runs best.")
 _REGISTRY_OPTION = typer.Option(None, "--registry", help="Registry host[:port] the tag is for, e.g. 127.0.0.1:5000.")
 
 
@@ -260,7 +260,7 @@ def images_build(
     registry: str = _REGISTRY_OPTION,
     pip_index_url: str = typer.Option(None, "--pip-index-url", help="Package index, a mirror (default: $PIP_INDEX_URL)."),
     pip_extra_index_url: list[str] = typer.Option([], "--pip-extra-index-url", help="More indexes (repeatable) (default: $PIP_EXTRA_INDEX_URL)."),
-    torch_index_url: str = typer.Option(None, "--torch-index-url", help="Where torch comes from (default: the variant's index)."),
+    torch_index_url: str = typer.Option(None, "--torch-index-url", help="A torch index (a mirror) for the torch step (default: PyPI; for cpu, PyTorch's CPU index)."),
     wheelhouse: Path = typer.Option(None, "--wheelhouse", help="Folder of wheels pip may install from (torch from it when it holds the pinned one)."),
     ca_bundle: Path = typer.Option(None, "--ca-bundle", help="CA bundle for pip in the build (TLS-intercepting proxy) (default: $PIP_CERT or $REQUESTS_CA_BUNDLE)."),
     keep_ca_bundle: bool = typer.Option(False, "--keep-ca-bundle", help="Keep the CA bundle in the image and trust it there."),

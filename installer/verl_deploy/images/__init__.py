@@ -33,6 +33,13 @@ def resolve_variant(name: str) -> str:
     return compat.choose_variant(ctx.driver, ctx.capabilities).name
 
 
+def _host_has_gpu() -> bool:
+    from verl_deploy.images.listing import host_reading
+
+    driver, capabilities = host_reading()
+    return driver is not None and bool(capabilities)
+
+
 def plan_build(
     variant_name: str,
     *,
@@ -104,6 +111,10 @@ def ensure(variant_name: str, console: Console | None = None) -> str:
         return tag
     except docker.errors.ImageNotFound:
         pass
+    if not variant(name).is_cpu and not _host_has_gpu():
+        # A CUDA build is GBs and minutes; on a host without a GPU it is never what `run` was meant to start.
+        raise ImageError(f"{tag} is not on this host, and {name} is a CUDA image while this host has no NVIDIA GPU: "
+                         f"use --variant cpu, or build it on purpose first: verl-deploy images build --variant {name}")
     console = console or Console(stderr=True)
     opts, notes = plan_build(name)
     for note in notes:

@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from verl_deploy import compat
-from verl_deploy.images.context import ImageError
+from verl_deploy.images.context import ImageError, image_tag
 from verl_deploy.images.engine import engine
 
 
@@ -62,17 +62,22 @@ def host_reading() -> tuple[str | None, list[str]]:
 
 
 def table(found: list[Row], engine_note: str = "") -> Table:
+    """One row per variant. `image` is the tag `run` and `smoke` start (the one `images build` makes); other local
+    tags of the variant (a registry's, a --tag of your own) follow it, dimmed."""
     out = Table(title="verl-deploy image variants", caption=engine_note or None)
-    for column in ("variant", "CUDA / torch", "local image", "size", "created", "runs here"):
+    for column in ("variant", "CUDA / torch", "image (run uses)", "size", "created", "runs here"):
         # Long registry tags fold rather than squeezing the short columns to an ellipsis.
         out.add_column(column, no_wrap=column in ("variant", "size", "created"), overflow="fold")
     for row in found:
-        v, image = row.variant, row.images[0] if row.images else None
+        v, tag = row.variant, image_tag(row.variant.name)
+        image = next((i for i in row.images if tag in i.tags), None)
+        others = sorted({t for i in row.images for t in i.tags} - {tag})
         runs = "[green]yes[/]" if row.verdict.runs else f"[yellow]no[/]: {row.verdict.reason}"
         out.add_row(
             v.name,
             f"{v.cuda or 'cpu'} / {v.torch}" + (f" + vLLM {v.vllm}" if v.vllm else ""),
-            ", ".join(image.tags) if image else "[dim]not built or pulled[/]",
+            (tag if image else f"{tag} [dim](not built or pulled)[/]")
+            + (f"\n[dim]also: {', '.join(others)}[/]" if others else ""),
             f"{image.size / 1e9:.2f} GB" if image else "",
             image.created if image else "",
             runs,
