@@ -286,9 +286,21 @@ def needs_reference(config: Config) -> bool:
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+        if name == "cpu" and torch.version.cuda:
+            _warn_once(f"[WARN] torch here is built for CUDA {torch.version.cuda} but no GPU is visible (give the "
+                       "container GPUs: --gpus; a pod: nvidia.com/gpu limits): training on the CPU")
     if name == "cuda" and not torch.cuda.is_available():
         raise TrainingError("trainer.device=cuda but no CUDA GPU is visible: set trainer.device=cpu (or auto)")
     return torch.device(name)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(line: str) -> None:
+    if line not in _warned:
+        _warned.add(line)
+        print(line, flush=True)
 
 
 def seed_everything(seed: int) -> None:

