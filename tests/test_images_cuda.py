@@ -20,7 +20,7 @@ from rich.console import Console
 from verl_deploy import compat
 from verl_deploy.images import plan_build
 from verl_deploy.images.build import build
-from verl_deploy.images.context import nvidia_require_cuda
+from verl_deploy.images.context import nvidia_require_cuda, unused
 
 from conftest import REPO
 
@@ -98,14 +98,14 @@ def test_the_build_log_said_what_each_step_was_doing(cuda_image):
 
 
 def test_vllm_text_generation_path_imports_without_what_the_build_removed(docker_client, cuda_image):
-    variant = compat.load_catalog()[VARIANT]
+    removed = unused(compat.load_catalog()[VARIANT])
     script = (
-        "import importlib.util, vllm; from vllm import LLM, SamplingParams; "
+        "import importlib.metadata as m, importlib.util, vllm; from vllm import LLM, SamplingParams; "
         "import vllm.model_executor.models.qwen2, vllm.model_executor.models.llama; "
         "import vllm.v1.engine.llm_engine, vllm.v1.worker.gpu_model_runner, vllm.v1.sample.sampler; "
         "import vllm.v1.attention.backends.flash_attn; "
-        "mods = " + repr([name.replace("-", "_").lower() for name in variant.unused]) + "; "
-        "print('left:', [m for m in mods if importlib.util.find_spec(m)])"
+        "names = {d.metadata['Name'].lower().replace('_', '-') for d in m.distributions()}; "
+        "print('left:', sorted(names & " + repr(set(removed)) + ") + (['flashinfer'] if importlib.util.find_spec('flashinfer') else []))"
     )
     out = run(docker_client, cuda_image.tag, f'python -W ignore -c "{script}" 2>&1')
     assert out.strip().splitlines()[-1] == "left: []", out[-3000:]

@@ -136,12 +136,17 @@ def build_args(opts: BuildOptions) -> dict[str, str]:
         "COMPUTE_CAPABILITIES": ",".join(v.compute_capabilities),
         "VLLM_VERSION": v.vllm or "",
         "COMPILER": "true" if v.compiler else "false",
-        "UNUSED": " ".join(v.unused),
+        "UNUSED": " ".join(unused(v)),
         "UNUSED_PATHS": " ".join(unused_paths(v)),
         "RUNTIME_VERSION": __version__,
         "NVIDIA_VISIBLE_DEVICES": "void" if v.is_cpu else "all",
         "NVIDIA_REQUIRE_CUDA": nvidia_require_cuda(v),
     }
+
+
+def unused(v: compat.Variant) -> list[str]:
+    """The distributions the build removes: those of every image, then the variant's own."""
+    return list(build_defaults().get("unused") or ()) + list(v.unused)
 
 
 def unused_paths(v: compat.Variant) -> list[str]:
