@@ -6,6 +6,7 @@ The cu130 image is built for real in test_images_cuda.py.
 """
 
 import shutil
+import socket
 import uuid
 from pathlib import Path
 
@@ -93,11 +94,11 @@ def test_source_only_change_rebuilds_only_the_source_layers(docker_client, cpu_i
     print(f"\nsource-only rebuild of the cpu image: {built.seconds:.1f} s")
 
 
-def test_an_unreachable_index_fails_fast_in_one_line(base_image):
+def test_an_unreachable_index_fails_fast_in_one_line(base_image, torch_wheelhouse):
     """Before pip starts (which would retry for minutes): the build's preflight asks every index once."""
     result = CliRunner().invoke(app, [
         "images", "build", "--variant", "cpu", "--base-image", base_image, "--tag", "verl-deploy-test:failing",
-        "--pip-index-url", "http://127.0.0.1:9/simple", "--no-cache",
+        "--pip-index-url", "http://127.0.0.1:9/simple", "--wheelhouse", str(torch_wheelhouse), "--no-cache",
     ])
     assert result.exit_code == 1
     assert "✗ Step " in result.output and "preflight.py" in result.output
@@ -105,6 +106,23 @@ def test_an_unreachable_index_fails_fast_in_one_line(base_image):
     assert last.startswith("error: build failed at step ")
     assert "cannot reach the package index http://127.0.0.1:9/simple from inside the build" in last
     assert "--pip-index-url" in last and "Traceback" not in result.output
+
+
+def test_a_cpu_build_without_a_reachable_torch_index_stops_instead_of_taking_cuda_torch(base_image):
+    """PyPI's torch is the CUDA build: without PyTorch's CPU index (it does not resolve here) or a wheelhouse, a cpu
+    build used to install 5.9 GB of CUDA torch and label it cpu."""
+    try:
+        socket.getaddrinfo("download.pytorch.org", 443)
+        pytest.skip("PyTorch's index resolves here: this build would rightly succeed")
+    except OSError:
+        pass
+    result = CliRunner().invoke(app, ["images", "build", "--variant", "cpu", "--base-image", base_image,
+                                      "--tag", "verl-deploy-test:failing", "--no-cache"])
+    assert result.exit_code == 1
+    last = result.output.strip().splitlines()[-1]
+    assert "cannot reach the package index https://download.pytorch.org/whl/cpu from inside the build" in last
+    assert last.endswith("pass --torch-index-url URL of a torch index this network reaches, or --wheelhouse DIR "
+                         "holding the torch wheel")
 
 
 def test_keep_ca_bundle_leaves_it_in_the_image_and_trusted(docker_client, cpu_image, base_image, torch_wheelhouse):

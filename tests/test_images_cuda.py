@@ -10,6 +10,7 @@ on a GPU host. Slow tier: the build takes about ten minutes and ~20 GB of disk.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -41,6 +42,8 @@ def cuda_image(docker_client, base_image):
         yield SimpleNamespace(tag=tag, size=image["Size"], seconds=0.0, log=None)
         return
     before = {image.id for image in docker_client.images.list(all=True)}
+    root = docker_client.info()["DockerRootDir"]
+    free_before = shutil.disk_usage(root).free if os.path.isdir(root) else None
     opts, notes = plan_build(VARIANT, base_image=base_image, tag=TAG, no_cache=True)
     # A plain log (not a terminal), as in CI; recorded for the test of what it shows (run with -s to follow it).
     console = Console(stderr=True, width=200, record=True, force_terminal=False)
@@ -48,8 +51,9 @@ def cuda_image(docker_client, base_image):
         console.print(note)
     try:
         built = build(opts, console)
-        print(f"\n{VARIANT} image: {built.size / 1e9:.2f} GB ({built.size / GIB:.2f} GiB), built in {built.seconds:.0f} s",
-              file=sys.stderr)
+        used = f", {(free_before - shutil.disk_usage(root).free) / 1e9:.1f} GB of disk" if free_before else ""
+        print(f"\n{VARIANT} image: {built.size / 1e9:.2f} GB ({built.size / GIB:.2f} GiB), built in {built.seconds:.0f} s"
+              f"{used}", file=sys.stderr)
         yield SimpleNamespace(tag=built.tag, size=built.size, seconds=built.seconds, log=console.export_text())
     finally:
         made = [image for image in docker_client.images.list(all=True) if image.id not in before]

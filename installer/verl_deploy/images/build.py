@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import tempfile
 import time
-from contextlib import nullcontext
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -116,37 +115,57 @@ def build(opts: BuildOptions, console: Console) -> Built:
     check(opts)
     api = engine(timeout=3600).api
     log, started = BuildLog(), time.monotonic()
-    progress = Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console,
-    )
-    task = progress.add_task(f"building {opts.tag}", total=None)
-    last_line = Text("", style="dim", no_wrap=True, overflow="ellipsis")
-    with tempfile.TemporaryFile() as context, Live(Group(progress, last_line), console=console, transient=True):
+    with tempfile.TemporaryFile() as context, Display(console, opts.tag) as display:
         write_context(opts, context)
         context.seek(0)
         stream = api.build(
             fileobj=context, custom_context=True, tag=opts.tag, buildargs=build_args(opts), target=target(opts),
             nocache=opts.no_cache, rm=True, forcerm=True, decode=True,
         )
-        heartbeat = Heartbeat(lambda line: console.print(escape(line), highlight=False, soft_wrap=True))
-        with heartbeat if not console.is_terminal else nullcontext():
-            for event in _events(stream, docker.errors.APIError):
-                finished_steps = log.feed(event)
-                for line in log.take_plain() if not console.is_terminal else ():  # a log: output, progress throttled
-                    console.print(f"    {escape(line)}", highlight=False, soft_wrap=True)
-                for finished in finished_steps:
-                    console.print(_step_line(finished), soft_wrap=True)
-                if log.current:
-                    step = f"Step {log.current.number}/{log.current.total} {_short(log.current.instruction, 50)}"
-                    heartbeat.beat(step)
-                    progress.update(task, total=log.current.total, completed=log.current.number - 1,
-                                    description=escape(step))
-                    last_line.plain = log.current.status.status
+        for event in _events(stream, docker.errors.APIError):
+            display.show(log, log.feed(event))
     if log.error:
         raise _failure(log, console, opts.base_image)
     image = api.inspect_image(opts.tag)
     return Built(opts.tag, image["Id"], image["Size"], time.monotonic() - started)
+
+
+class Display:
+    """A ✓ line per finished step, and what the current step is doing: in a terminal a step bar with the step's
+    status under it; in a log its output as plain lines (progress throttled) and a line when it has been quiet."""
+
+    def __init__(self, console: Console, tag: str):
+        self.console, self.terminal = console, console.is_terminal
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console,
+        )
+        self.task = self.progress.add_task(f"building {tag}", total=None)
+        self.status = Text("", style="dim", no_wrap=True, overflow="ellipsis")
+        self.live = Live(Group(self.progress, self.status), console=console, transient=True)
+        self.heartbeat = Heartbeat(self._plain)
+
+    def __enter__(self) -> "Display":
+        (self.live if self.terminal else self.heartbeat).__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        (self.live if self.terminal else self.heartbeat).__exit__(*exc)
+
+    def show(self, log: BuildLog, finished: list[Step]) -> None:
+        for line in log.take_plain():
+            if not self.terminal:
+                self._plain(f"    {line}")
+        for step in finished:
+            self.console.print(_step_line(step), soft_wrap=True)
+        if step := log.current:
+            doing = f"Step {step.number}/{step.total} {_short(step.instruction, 50)}"
+            self.heartbeat.beat(doing)
+            self.progress.update(self.task, total=step.total, completed=step.number - 1, description=escape(doing))
+            self.status.plain = step.status.status
+
+    def _plain(self, line: str) -> None:
+        self.console.print(escape(line), highlight=False, soft_wrap=True)
 
 
 def _events(stream, api_error: type[Exception]):
