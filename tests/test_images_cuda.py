@@ -56,6 +56,8 @@ def cuda_image(docker_client, base_image):
               f"{used}", file=sys.stderr)
         yield SimpleNamespace(tag=built.tag, size=built.size, seconds=built.seconds, log=console.export_text())
     finally:
+        for container in docker_client.containers.list(all=True, filters={"ancestor": TAG}):
+            container.remove(force=True)  # the runs of the tests below: their image's layers go only after them
         made = [image for image in docker_client.images.list(all=True) if image.id not in before]
         for image in sorted(made, key=lambda i: i.attrs["Created"], reverse=True):
             try:
