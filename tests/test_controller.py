@@ -49,3 +49,18 @@ def test_unregistered_methods_are_not_dispatched():
     group = WorkerGroup([Doubler(0)])
     with pytest.raises(AttributeError, match="Doubler.private is not a registered worker method"):
         group.private()
+
+
+def test_the_controller_layer_imports_neither_the_trainer_nor_the_workers():
+    """Lower layers never import upper ones: the trainer hands the Ray backend how roles are built."""
+    import ast
+    from pathlib import Path
+
+    import verl_runtime.controller as controller
+
+    for path in Path(controller.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        upper = {name for name in imported if name.startswith(("verl_runtime.trainer", "verl_runtime.workers"))}
+        assert not upper, f"{path.name} imports {upper}"

@@ -215,3 +215,56 @@ def test_missing_namespace_is_one_line_and_applies_nothing(api_client, tmp_path)
     with pytest.raises(LaunchError, match="namespace 'missing' does not exist: `kubectl create namespace missing`"):
         K8sLauncher(tmp_path, "missing", cluster=Cluster(api_client)).launch(spec, detach=True)
     assert FakeApiServer.requests == []
+
+
+class ListingApiServer(BaseHTTPRequestHandler):
+    """Answers the two list calls of `runs --target k8s`: one batch Job and one RayJob (404 for RayJobs when the
+    class attribute says KubeRay is not installed)."""
+
+    kuberay = True
+
+    def _reply(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802
+        path = self.path.split("?")[0]
+        labels = lambda run: {"verl-deploy.managed": "true", "verl-deploy.run-id": run}  # noqa: E731
+        if path == "/apis/batch/v1/namespaces/team-a/jobs":
+            job = {"metadata": {"name": "one", "labels": labels("one")},
+                   "spec": {"template": {"spec": {"containers": [{"name": "trainer", "image": "img:job"}]}}},
+                   "status": {"active": 1}}
+            self._reply(200, {"kind": "JobList", "apiVersion": "batch/v1", "metadata": {}, "items": [job]})
+        elif path == "/apis/ray.io/v1/namespaces/team-a/rayjobs" and ListingApiServer.kuberay:
+            head = {"template": {"spec": {"containers": [{"name": "ray-head", "image": "img:ray"}]}}}
+            rayjob = {"metadata": {"name": "many", "labels": labels("many")},
+                      "spec": {"rayClusterSpec": {"headGroupSpec": head}},
+                      "status": {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}}
+            self._reply(200, {"kind": "RayJobList", "apiVersion": "ray.io/v1", "items": [rayjob]})
+        else:
+            self._reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("kuberay", [True, False])
+def test_runs_lists_ray_jobs_beside_batch_jobs(tmp_path, kuberay):
+    from kubernetes import client
+
+    ListingApiServer.kuberay = kuberay
+    server = HTTPServer(("127.0.0.1", 0), ListingApiServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        configuration = client.Configuration()
+        configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
+        found = K8sLauncher(tmp_path, "team-a", cluster=Cluster(client.ApiClient(configuration))).list()
+    finally:
+        server.shutdown()
+    listed = [(r.run_id, r.state, r.image) for r in found]
+    expected = [("one", "running", "img:job")] + ([("many", "running", "img:ray")] if kuberay else [])
+    assert listed == expected

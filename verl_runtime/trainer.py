@@ -10,7 +10,6 @@ the loop is the same either way.
 from __future__ import annotations
 
 import contextlib
-import random
 import signal
 import threading
 import time
@@ -28,7 +27,8 @@ from verl_runtime.metrics import MetricsWriter, format_console_line
 from verl_runtime.models import load_tokenizer, position_ids_from_mask
 from verl_runtime.rollout import SamplingParams
 from verl_runtime.rollout.base import left_pad
-from verl_runtime.workers import build_roles
+from verl_runtime.seeding import seed_everything
+from verl_runtime.workers import ROLE_CLASSES, build_roles
 
 
 class SingleControllerTrainer:
@@ -47,7 +47,8 @@ class SingleControllerTrainer:
         workers = build_roles(config, local, self.tokenizer, self.device)
         groups = {role: WorkerGroup([worker]) for role, worker in workers.items()}
         if ray:
-            groups.update(start_worker_groups(config, [role for role in roles if role not in local]))
+            remote = [role for role in roles if role not in local]
+            groups.update(start_worker_groups(config, remote, build_roles, ROLE_CLASSES))
         self.actor, self.reward = groups["actor"], groups["reward"]
         self.critic, self.ref = groups.get("critic"), groups.get("ref")
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
@@ -301,14 +302,6 @@ def _warn_once(line: str) -> None:
     if line not in _warned:
         _warned.add(line)
         print(line, flush=True)
-
-
-def seed_everything(seed: int) -> None:
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def prompt_fields(prompts: list[Prompt], n: int) -> dict[str, list]:

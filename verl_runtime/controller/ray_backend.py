@@ -15,21 +15,26 @@ import logging
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from verl_runtime.config import Config
 from verl_runtime.controller.worker_group import BaseWorkerGroup
 from verl_runtime.errors import ConfigError, TrainingError
+from verl_runtime.seeding import seed_everything
 
 
 def uses_ray(config: Config) -> bool:
     return config.trainer.n_workers > 1 or bool(config.ray.address or os.environ.get("RAY_ADDRESS"))
 
 
-def start_worker_groups(config: Config, roles: list[str]) -> dict[str, RayWorkerGroup]:
-    """Join (or start) Ray, check that the placement fits, and start one worker group per role."""
+def start_worker_groups(
+    config: Config, roles: list[str], build_roles: Callable, role_classes: dict[str, type]
+) -> dict[str, RayWorkerGroup]:
+    """Join (or start) Ray, check that the placement fits, and start one worker group per role. The caller hands
+    over how roles are built (`build_roles(config, roles, tokenizer, device)`) and their classes: the controller
+    knows the workers, not the other way round."""
     import ray
 
     joining = connect(config)
@@ -44,8 +49,8 @@ def start_worker_groups(config: Config, roles: list[str]) -> dict[str, RayWorker
           f"CPUs, {resources.get('GPU', 0):g} GPUs", flush=True)
     groups = {}
     for pool_roles in pools:
-        pool = Pool.start(config, pool_roles, slot, device)
-        groups.update({role: RayWorkerGroup(role, pool) for role in pool_roles})
+        pool = Pool.start(config, pool_roles, slot, device, build_roles)
+        groups.update({role: RayWorkerGroup(role, pool, role_classes[role]) for role in pool_roles})
     return groups
 
 
@@ -122,12 +127,10 @@ class WorkerProcess:
 
         return ray.get_runtime_context().get_node_id()
 
-    def setup(self, config: Config, roles: list[str], device: str, master: str) -> None:
+    def setup(self, config: Config, roles: list[str], device: str, master: str, build_roles: Callable) -> None:
         import torch.distributed as dist
 
         from verl_runtime.models import load_tokenizer
-        from verl_runtime.trainer import seed_everything
-        from verl_runtime.workers import build_roles
 
         self.device = torch.device(device)  # Ray shows a GPU worker its one GPU as cuda:0
         # Before joining the process group: this builds builtin:tiny on a fresh node, and inside an initialised
@@ -164,7 +167,7 @@ class Pool:
         self.actors, self.placement, self.roles = actors, placement, roles
 
     @classmethod
-    def start(cls, config: Config, roles: list[str], slot: dict[str, float], device: str) -> Pool:
+    def start(cls, config: Config, roles: list[str], slot: dict[str, float], device: str, build_roles: Callable) -> Pool:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -186,7 +189,7 @@ class Pool:
         ]
         pool = cls(actors, placement, roles)
         master = pool.gather([actors[0].rendezvous_address.remote()], "start-up")[0]
-        pool.gather([actor.setup.remote(config, roles, device, master) for actor in actors], "start-up")
+        pool.gather([actor.setup.remote(config, roles, device, master, build_roles) for actor in actors], "start-up")
         nodes = len(set(pool.gather([actor.node_id.remote() for actor in actors], "start-up")))
         print(f"[INFO] {n} Ray worker(s) for {', '.join(roles)} on {nodes} node(s), {device}", flush=True)
         return pool
@@ -239,12 +242,10 @@ class Pool:
 class RayWorkerGroup(BaseWorkerGroup):
     """One role on a pool of Ray actors."""
 
-    def __init__(self, role: str, pool: Pool):
-        from verl_runtime.workers import ROLE_CLASSES
-
+    def __init__(self, role: str, pool: Pool, worker_class: type):
         self.role, self.pool = role, pool
         self.world_size = len(pool.actors)
-        self.worker_class = ROLE_CLASSES[role]
+        self.worker_class = worker_class  # its methods' dispatch modes say how a batch is split and joined
 
     def run(self, name, args_per_rank, kwargs):
         actors = self.pool.actors

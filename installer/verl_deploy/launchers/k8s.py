@@ -272,6 +272,11 @@ def ray_job_state(obj: dict) -> tuple[str, str]:
     return "pending", deployment
 
 
+def head_image(obj: dict) -> str:
+    """The image of a RayJob's head (the trainer runs there)."""
+    return obj["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+
+
 def newest_pod(pods) -> object | None:
     """The most recently created pod of a V1PodList (a retried Job has several)."""
     items = [p for p in pods.items if p.metadata and p.metadata.creation_timestamp]
@@ -390,7 +395,7 @@ class K8sLauncher:
             if not found:
                 raise LaunchError(f"no Kubernetes job for run {run_id!r} in namespace {self.namespace!r}")
             state, detail = ray_job_state(found[0])
-            image = found[0]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+            image = head_image(found[0])
         return RunStatus(run_id=run_id, target=self.target, state=state, image=image, detail=detail,
                          run_dir=f"pvc {run_id}-runs:{RUNS_DIR}/{run_id}")
 
@@ -427,10 +432,28 @@ class K8sLauncher:
             self.cluster.custom.delete_namespaced_custom_object("ray.io", "v1", self.namespace, "rayjobs", run_id)
 
     def list(self) -> list[RunStatus]:
+        """Every run in the namespace: batch Jobs (one node) and RayJobs (several)."""
         jobs = self.cluster.batch.list_namespaced_job(self.namespace, label_selector=MANAGED_LABEL).items
         result = []
         for item in jobs:
             state, detail = job_state(item)
             result.append(RunStatus(run_id=item.metadata.labels[RUN_ID_LABEL], target=self.target, state=state,
                                     image=item.spec.template.spec.containers[0].image, detail=detail))
+        for obj in self._ray_jobs():
+            state, detail = ray_job_state(obj)
+            result.append(RunStatus(run_id=obj["metadata"]["labels"][RUN_ID_LABEL], target=self.target, state=state,
+                                    image=head_image(obj), detail=detail))
         return result
+
+    def _ray_jobs(self) -> list[dict]:
+        """The namespace's verl-deploy RayJobs; none where KubeRay's CRD is not installed."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.cluster.custom.list_namespaced_custom_object(
+                "ray.io", "v1", self.namespace, "rayjobs", label_selector=MANAGED_LABEL
+            )["items"]
+        except ApiException as exc:
+            if exc.status == 404:
+                return []
+            raise
