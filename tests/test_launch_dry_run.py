@@ -26,7 +26,7 @@ def invoke(*args, env=None):
 
 def test_docker_dry_run_is_a_docker_run_line_with_secrets_by_name_only(config, tmp_path):
     result = invoke("run", config, "--target", "docker", "--dry-run", "--image", "verl-deploy:test",
-                    "--gpus", "0,1", "--set", "trainer.total_steps=2", "--run-id", "demo",
+                    "--gpus", "0,1", "--set", "trainer.total_training_steps=2", "--run-id", "demo",
                     "--runs-dir", tmp_path / "runs", "--hf-cache", tmp_path / "hf",
                     env={"HF_TOKEN": SECRET, "WANDB_API_KEY": SECRET})
     assert result.exit_code == 0, result.output
@@ -44,7 +44,7 @@ def test_docker_dry_run_is_a_docker_run_line_with_secrets_by_name_only(config, t
     image_at = argv.index("verl-deploy:test")
     assert argv[image_at + 1:] == [
         "train", "/etc/verl-deploy/config.yaml", "--set", "trainer.run_dir=/workspace/runs/demo",
-        "--set", "trainer.resume=auto", "--set", "trainer.total_steps=2",
+        "--set", "trainer.resume=auto", "--set", "trainer.total_training_steps=2",
     ]
     assert not (tmp_path / "runs").exists(), "a dry run has no side effects"
 
@@ -123,3 +123,24 @@ def test_several_nodes_are_a_ray_head_and_workers_on_one_network(config, tmp_pat
     assert all(argv[argv.index("--network") + 1] == "mn-net" for argv in [*workers, head])
     assert head[-1].startswith("ray start --head --port=6379")
     assert "RAY_ADDRESS=127.0.0.1:6379 python -m verl_runtime train /etc/verl-deploy/config.yaml" in head[-1]
+
+
+@pytest.mark.parametrize("target", ["docker", "k8s", "local"])
+@pytest.mark.parametrize(
+    "overrides, yaml_text, message",
+    [
+        (["--set", "trainer.total_steps=2"], "model:\n  path: builtin:tiny\n", "trainer.total_steps"),
+        (["--set", "data.batch_size=-1"], "model:\n  path: builtin:tiny\n", "data.batch_size must be at least 1, got -1"),
+        ([], "model: [unclosed\n", "tiny.yaml"),
+    ],
+)
+def test_a_dry_run_validates_the_config_as_the_trainer_will(tmp_path, target, overrides, yaml_text, message):
+    """The trainer's own one-line message and a non-zero exit, before anything is printed or scheduled."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml_text)
+    result = invoke("run", config, "--target", target, "--dry-run", "--image", "verl-deploy:test",
+                    "--runs-dir", tmp_path / "runs", *overrides)
+    assert result.exit_code == 2
+    assert result.stdout == "" or result.stdout.startswith("error:")
+    line = result.output.strip()
+    assert "\n" not in line and line.startswith("error: ") and message in line and "Traceback" not in line

@@ -172,6 +172,19 @@ def parse_env(items) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
+def check_config(path: Path, overrides: tuple[str, ...]) -> None:
+    """Load the config as the trainer will (keys, types, choices, sizes), so that a mistake stops here with the
+    trainer's own one-line message, not after an image is started or a job scheduled. verl_runtime.config needs
+    only PyYAML: no torch on the host path."""
+    from verl_runtime.config import load_config
+    from verl_runtime.errors import UserError
+
+    try:
+        load_config(path, overrides)
+    except UserError as exc:
+        raise LaunchError(str(exc)) from None
+
+
 def build_spec(
     config: str | Path,
     *,
@@ -199,6 +212,7 @@ def build_spec(
     for override in overrides:
         if "=" not in override:
             raise LaunchError(f"--set {override!r} needs the form key=value")
+    check_config(config_path, overrides)
     if nodes < 1:
         raise LaunchError("--nodes must be at least 1")
     if data_dir is not None and not Path(data_dir).is_dir():
