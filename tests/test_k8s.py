@@ -74,7 +74,7 @@ def test_overlay_renders_the_launchers_objects_and_validates(overlay):
 @pytest.mark.parametrize("flags", [["--gpus", "1"], ["--gpus", "8", "--memory", "256g"], ["--gpus", "8", "--nodes", "3"], []])
 def test_dry_run_yaml_validates_and_keeps_secrets_out(flags, tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("model:\n  path: builtin:tiny\n")
+    config.write_text("model:\n  path: builtin:tiny\ndata:\n  batch_size: 24  # an equal share for 1, 8 and 24 workers\n")
     result = CliRunner().invoke(
         app, ["run", str(config), "--target", "k8s", "--dry-run", "--image", "registry.local/verl:1", *flags,
               "--runs-dir", str(tmp_path)],

@@ -44,7 +44,7 @@ def test_docker_dry_run_is_a_docker_run_line_with_secrets_by_name_only(config, t
     image_at = argv.index("verl-deploy:test")
     assert argv[image_at + 1:] == [
         "train", "/etc/verl-deploy/config.yaml", "--set", "trainer.run_dir=/workspace/runs/demo",
-        "--set", "trainer.resume=auto", "--set", "trainer.total_training_steps=2",
+        "--set", "trainer.resume=auto", "--set", "trainer.n_workers=2", "--set", "trainer.total_training_steps=2",
     ]
     assert not (tmp_path / "runs").exists(), "a dry run has no side effects"
 

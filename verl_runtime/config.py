@@ -152,7 +152,8 @@ class TrainerConfig:
     tensorboard: bool = False
     # Workers: 1 runs every role in this process. More (or a Ray cluster to join) runs them as Ray actors, one per
     # slot of cpus_per_worker CPUs (or one GPU), training data-parallel (actor.strategy / critic.strategy).
-    n_workers: int = 1
+    # null (the default): one per visible GPU on CUDA, else 1. `verl-deploy run` sets it to --gpus x --nodes.
+    n_workers: int | None = None
     cpus_per_worker: int = 1
     placement: str = "colocated"  # colocated: all roles share the workers | split: the critic gets its own n_workers
 
@@ -338,8 +339,8 @@ def validate(config: Config) -> None:
                 f"actor.ppo_mini_batch_size * rollout.n ({mini} * {n} = {mini * n} samples) must be a multiple of "
                 f"{key} ({micro})"
             )
-    workers = config.trainer.n_workers
-    if (mini * n) % workers:
+    workers = config.trainer.n_workers  # None: known once the trainer sees its GPUs (resolve_world_size)
+    if workers and (mini * n) % workers:
         raise ConfigError(
             f"actor.ppo_mini_batch_size * rollout.n ({mini} * {n} = {mini * n} samples) must be a multiple of "
             f"trainer.n_workers ({workers}): each worker trains on an equal share"

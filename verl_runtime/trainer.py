@@ -35,6 +35,7 @@ class SingleControllerTrainer:
     def __init__(self, config: Config):
         print("[INFO] Initializing SingleControllerTrainer...", flush=True)
         validate(config)
+        resolve_world_size(config)
         self.config = config
         print(f"[INFO] Loading pretrained model from {config.model.path}", flush=True)
         roles = ["actor", "reward"] + ["critic"] * (config.algorithm.adv_estimator == "gae") + ["ref"] * needs_reference(config)
@@ -282,6 +283,15 @@ class SingleControllerTrainer:
 def needs_reference(config: Config) -> bool:
     """A reference policy is loaded only when a KL term uses it."""
     return config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+
+
+def resolve_world_size(config: Config) -> None:
+    """trainer.n_workers unset: one worker per visible GPU on CUDA, else one; the sizes are then checked again."""
+    if config.trainer.n_workers is not None:
+        return
+    cuda = config.trainer.device != "cpu" and torch.cuda.is_available()
+    config.trainer.n_workers = max(torch.cuda.device_count(), 1) if cuda else 1
+    validate(config)
 
 
 def pick_device(name: str) -> torch.device:

@@ -50,10 +50,16 @@ def local_images() -> dict[str, list[LocalImage]]:
 
 
 def host_reading() -> tuple[str | None, list[str]]:
-    """This host's NVIDIA driver and GPU compute capabilities (None, [] without an NVIDIA GPU)."""
-    from verl_deploy.doctor.core import Context, call_with_timeout
-    from verl_deploy.doctor.gpu import read_nvml
+    """This host's NVIDIA driver and its GPUs' compute capabilities, one per GPU (None, [] without an NVIDIA GPU).
+    VERL_DEPLOY_NVML_READING replays a recorded reading, as for doctor."""
+    import os
 
+    from verl_deploy.doctor.core import Context, call_with_timeout
+    from verl_deploy.doctor.gpu import load_reading, read_nvml
+
+    if recorded := os.environ.get("VERL_DEPLOY_NVML_READING"):
+        ctx = Context(nvml=load_reading(recorded))
+        return ctx.driver, ctx.capabilities
     try:
         ctx = Context(nvml=call_with_timeout(read_nvml, 10))
     except TimeoutError:

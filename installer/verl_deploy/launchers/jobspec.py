@@ -97,6 +97,7 @@ class JobSpec:
     shm_size: str = DEFAULT_SHM
     ipc_host: bool = False
     nodes: int = 1
+    world_size: int | None = None  # trainer workers, one per GPU: --gpus x --nodes (None: the runtime decides)
     hf_cache: Path | None = None
     data_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -115,6 +116,8 @@ class JobSpec:
         `trainer.resume=auto` always: a fresh run directory starts from scratch, a reused one continues."""
         run_dir = run_dir or self.container_run_dir
         args = ["train", config_file, "--set", f"trainer.run_dir={run_dir}", "--set", "trainer.resume=auto"]
+        if self.world_size:
+            args += ["--set", f"trainer.n_workers={self.world_size}"]
         for override in self.overrides:
             args += ["--set", override]
         return args
@@ -172,17 +175,25 @@ def parse_env(items) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
-def check_config(path: Path, overrides: tuple[str, ...]) -> None:
-    """Load the config as the trainer will (keys, types, choices, sizes), so that a mistake stops here with the
-    trainer's own one-line message, not after an image is started or a job scheduled. verl_runtime.config needs
-    only PyYAML: no torch on the host path."""
+def check_config(path: Path, overrides: tuple[str, ...], gpus: Gpus, nodes: int) -> int | None:
+    """Load the config as the trainer will (keys, types, choices, sizes against the world size), so that a mistake
+    stops here with the trainer's own one-line message, not after an image is started or a job scheduled; return
+    the world size: one worker per GPU asked for (None for --gpus all on one node: the runtime counts them).
+    verl_runtime.config needs only PyYAML: no torch on the host path."""
     from verl_runtime.config import load_config
     from verl_runtime.errors import UserError
 
+    world = gpus.number * nodes if gpus.number else None
     try:
-        load_config(path, overrides)
+        asked = load_config(path, overrides).trainer.n_workers
+        if world and asked is not None and asked != world:
+            raise LaunchError(f"trainer.n_workers={asked} but --gpus {gpus} x --nodes {nodes} gives {world} GPUs, one "
+                              "worker each: drop trainer.n_workers or change --gpus/--nodes")
+        if world:
+            load_config(path, (*overrides, f"trainer.n_workers={world}"))
     except UserError as exc:
         raise LaunchError(str(exc)) from None
+    return world
 
 
 def build_spec(
@@ -212,9 +223,9 @@ def build_spec(
     for override in overrides:
         if "=" not in override:
             raise LaunchError(f"--set {override!r} needs the form key=value")
-    check_config(config_path, overrides)
     if nodes < 1:
         raise LaunchError("--nodes must be at least 1")
+    world_size = check_config(config_path, overrides, parse_gpus(gpus), nodes)
     if data_dir is not None and not Path(data_dir).is_dir():
         raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
     run_id = check_run_id(run_id or new_run_id(config_path))
@@ -237,6 +248,7 @@ def build_spec(
         shm_size=shm_size,
         ipc_host=ipc_host,
         nodes=nodes,
+        world_size=world_size,
         hf_cache=Path(hf_cache).expanduser().resolve() if hf_cache else None,
         data_dir=Path(data_dir).resolve() if data_dir else None,
         env=env,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from verl_deploy import runs
-from verl_deploy.launchers.jobspec import JobSpec, LaunchError
+from verl_deploy.launchers.jobspec import Gpus, JobSpec, LaunchError
 from verl_deploy.runs import RunStatus
 
 CONSOLE_LOG = "console.log"  # the subprocess's stdout and stderr
@@ -34,6 +34,36 @@ def _alive(pid: int | None) -> bool:
         return True
 
 
+def host_gpu_env(gpus: Gpus) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for the GPUs asked for, after checking that this host has them and that this Python's
+    torch can use them (else the run would quietly train on the CPU)."""
+    if not gpus.wanted:
+        return {}
+    from verl_deploy.doctor.torch_check import installed_torch
+    from verl_deploy.images.listing import host_reading
+
+    found = len(host_reading()[1])
+    env = visible_devices(gpus, found)
+    build = installed_torch()
+    if build is None or build[1] is None:
+        what = "no torch" if build is None else f"torch {build[0]}, a CPU build,"
+        raise LaunchError(f"--gpus {gpus}: this Python has {what} so the run would train on the CPU: install a CUDA "
+                          "build (`verl-deploy doctor` says which), or use --target docker")
+    return env
+
+
+def visible_devices(gpus: Gpus, found: int) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for `gpus` on a host with `found` GPUs; LaunchError where it has fewer."""
+    wanted = found if gpus.count < 0 else gpus.number or 0
+    indices = [i for i in gpus.device_ids if i.isdigit()]
+    if found == 0 or wanted > found or any(int(i) >= found for i in indices):
+        have = "no NVIDIA GPU" if found == 0 else f"{found} NVIDIA GPU{'s' * (found > 1)}"
+        fix = "drop --gpus to train on the CPU" if found == 0 else f"ask for at most {found}"
+        raise LaunchError(f"--gpus {gpus}: this host has {have}: {fix}")
+    ids = gpus.device_ids or tuple(str(i) for i in range(wanted))
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
+
+
 class LocalLauncher:
     target = "local"
 
@@ -44,14 +74,16 @@ class LocalLauncher:
         return [sys.executable, "-m", "verl_runtime", *spec.train_args(str(spec.config_path), str(spec.run_dir))]
 
     def dry_run(self, spec: JobSpec) -> str:
-        return shlex.join(self.command(spec))
+        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in host_gpu_env(spec.gpus).items())
+        return (env + " " if env else "") + shlex.join(self.command(spec))
 
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
         record = runs.read_record(spec.run_dir)
         if _alive(record.get("pid")):
             raise LaunchError(f"run {spec.run_id} is still running: `verl-deploy stop {spec.run_id}` first")
+        gpu_env = host_gpu_env(spec.gpus)
         spec.run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **gpu_env, **spec.env}
         with open(spec.run_dir / CONSOLE_LOG, "ab") as log:
             # A session of its own: the run survives the CLI when detached, and gets signals only from us.
             process = subprocess.Popen(
