@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from verl_runtime.errors import ConfigError, ModelError
+from verl_runtime.hub import is_hub_id, snapshot
 from verl_runtime.lean_model import lean_path_applies, shared_prefix_logits
 
 BUILTIN_TINY = "builtin:tiny"
@@ -53,17 +54,20 @@ def cache_root() -> Path:
 
 
 def resolve_model_path(path: str) -> str:
-    """Turn a model setting into a local Hugging Face model directory (building builtin:tiny on first use)."""
+    """Turn a model setting into a local Hugging Face model directory: a directory as it is, a Hub id through
+    huggingface_hub's cache (verl_runtime.hub), builtin:tiny built on first use."""
     path = str(path)
     if path.startswith("builtin:"):
         if path != BUILTIN_TINY:
             raise ModelError(f"unknown built-in model {path!r}: the built-in model is {BUILTIN_TINY!r}")
         return str(_cached_tiny_model())
     local = Path(path).expanduser()
+    if not local.is_dir() and is_hub_id(path):
+        return snapshot(path)
     if not local.is_dir():
         raise ModelError(
             f"model directory {path} not found: set model.path to a local Hugging Face model directory "
-            f"(with config.json) or to {BUILTIN_TINY}; nothing is downloaded"
+            f"(with config.json), a Hub id (org/name or org/name@revision) or {BUILTIN_TINY}"
         )
     if not (local / "config.json").is_file():
         raise ModelError(

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from verl_runtime.errors import ModelError
+from verl_runtime.hub import is_hub_id, snapshot
 
 
 class RewardModelScorer:
@@ -12,9 +13,11 @@ class RewardModelScorer:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        if is_hub_id(str(path)) and not Path(path).is_dir():
+            path = snapshot(str(path))
         path = Path(path)
         if not path.is_dir():
-            raise ModelError(f"reward model directory {path} not found")
+            raise ModelError(f"reward model directory {path} not found: a local directory or a Hub id (org/name)")
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype or torch.float32)

@@ -26,6 +26,9 @@ DATA_DIR = "/data"
 # by name only, never written into a spec, a label or a log.
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "NEPTUNE_API_TOKEN", "MLFLOW_TRACKING_PASSWORD")
 
+# Hub settings that travel from the caller's environment into the run (not secrets): a mirror, offline mode.
+HUB_ENV = ("HF_ENDPOINT", "HF_HUB_OFFLINE")
+
 DEFAULT_SHM = "16g"  # PyTorch data loaders and NCCL need far more than Docker's 64 MB default.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -230,7 +233,7 @@ def build_spec(
         raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
     run_id = check_run_id(run_id or new_run_id(config_path))
     environ = os.environ if environ is None else environ
-    env = dict(env or {})
+    env = {**{name: environ[name] for name in HUB_ENV if environ.get(name)}, **(env or {})}
     leaked = sorted(set(env) & set(SECRET_ENV))
     if leaked:
         raise LaunchError(f"{', '.join(leaked)} must come from the environment, not --env (it would be written down)")
