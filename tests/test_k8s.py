@@ -217,19 +217,11 @@ def test_missing_namespace_is_one_line_and_applies_nothing(api_client, tmp_path)
     assert FakeApiServer.requests == []
 
 
-class ListingApiServer(BaseHTTPRequestHandler):
+class ListingApiServer(FakeApiServer):
     """Answers the two list calls of `runs --target k8s`: one batch Job and one RayJob (404 for RayJobs when the
     class attribute says KubeRay is not installed)."""
 
     kuberay = True
-
-    def _reply(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self):  # noqa: N802
         path = self.path.split("?")[0]
@@ -248,8 +240,6 @@ class ListingApiServer(BaseHTTPRequestHandler):
         else:
             self._reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
 
-    def log_message(self, *args):
-        pass
 
 
 @pytest.mark.parametrize("kuberay", [True, False])
