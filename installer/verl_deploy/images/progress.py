@@ -69,7 +69,9 @@ class Heartbeat:
     """For a plain log: while a step prints nothing (pip unpacking GBs, a layer being copied), a line every
     QUIET_S saying which step is still running and for how long."""
 
-    def __init__(self, say: Callable[[str], None], quiet_s: float = QUIET_S, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, say: Callable[[str], None], quiet_s: float = QUIET_S, clock: Callable[[], float] = time.monotonic
+    ):
         self.say, self.quiet_s, self.clock = say, quiet_s, clock
         self.what, self.since, self.last = "", clock(), clock()
         self._stop = threading.Event()
