@@ -124,3 +124,14 @@ def test_a_mirror_and_offline_mode_travel_into_the_run(tmp_path):
     assert spec.container_env["HF_ENDPOINT"] == "https://hf-mirror.example"
     assert spec.container_env["HF_HUB_OFFLINE"] == "1"
     assert "HF_TOKEN" not in spec.container_env and spec.secrets == ("HF_TOKEN",)
+
+
+def test_fetch_puts_the_configs_models_in_the_cache_and_says_where(hf_home, tmp_path):
+    """What the Kubernetes init container runs before the trainer: here offline, from the cache built above."""
+    result = run(["-m", "verl_runtime", "fetch", "examples/quickstart.yaml"], {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"},
+                 "--set", "model.path=org/tiny@v1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"[INFO] org/tiny@v1: {hf_home / 'hub' / 'models--org--tiny' / 'snapshots' / COMMIT}"
+    missing = run(["-m", "verl_runtime", "fetch", "examples/quickstart.yaml"], {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"},
+                  "--set", "model.path=org/absent")
+    assert missing.returncode == 2 and missing.stderr.strip().startswith("error: org/absent is not in the Hugging Face cache")

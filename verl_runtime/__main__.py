@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return train(args.config, args.overrides)
+        if args.command == "fetch":
+            return fetch(args.config, args.overrides)
         return prepare(args.dataset, args.input, args.output)
     except UserError as exc:
         if args.debug:
@@ -50,6 +52,19 @@ def train(config_path: str, overrides: list[str]) -> int:
     return 0
 
 
+def fetch(config_path: str, overrides: list[str]) -> int:
+    """Put the config's models (actor, critic, reward model) into the Hugging Face cache, then exit: run once
+    before N workers start (the Kubernetes init container), so that they read the cache instead of N downloads."""
+    from verl_runtime.config import load_config
+    from verl_runtime.models import resolve_model_path
+
+    config = load_config(config_path, overrides)
+    models = dict.fromkeys(m for m in (config.model.path, config.critic.model_path, config.reward.model_path) if m)
+    for model in models:
+        print(f"[INFO] {model}: {resolve_model_path(model)}", flush=True)
+    return 0
+
+
 def prepare(dataset: str, input_path: str, output_dir: str) -> int:
     from verl_runtime.prepare import prepare_gsm8k
 
@@ -69,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
         help="override a config value, e.g. --set data.batch_size=16 (repeatable)",
     )
     train_cmd.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    fetch_cmd = commands.add_parser("fetch", help="put the config's models into the Hugging Face cache, then exit")
+    fetch_cmd.add_argument("config", help="YAML config file")
+    fetch_cmd.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                           help="override a config value (repeatable)")
+    fetch_cmd.add_argument("--debug", action="store_true", help="show tracebacks")
 
     prepare_cmd = commands.add_parser("prepare", help="turn a raw data set into verl's parquet layout")
     prepare_cmd.add_argument("dataset", choices=["gsm8k"])
