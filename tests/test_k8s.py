@@ -197,6 +197,7 @@ def test_launch_server_side_applies_secret_config_volume_and_job(api_client, tmp
         "/api/v1/namespaces/team-a/secrets/verl-deploy-secrets",
         "/api/v1/namespaces/team-a/configmaps/r1-config",
         "/api/v1/namespaces/team-a/persistentvolumeclaims/r1-runs",
+        "/api/v1/namespaces/team-a/persistentvolumeclaims/verl-deploy-hf-cache",
         "/apis/batch/v1/namespaces/team-a/jobs/r1",
     ]
     for path, content_type, _ in FakeApiServer.requests:
@@ -258,3 +259,59 @@ def test_runs_lists_ray_jobs_beside_batch_jobs(tmp_path, kuberay):
     listed = [(r.run_id, r.state, r.image) for r in found]
     expected = [("one", "running", "img:job")] + ([("many", "running", "img:ray")] if kuberay else [])
     assert listed == expected
+
+
+def k8s_dry_run(config, *flags):
+    result = CliRunner().invoke(app, ["run", str(config), "--target", "k8s", "--dry-run", "--image", "img:1", *flags])
+    return result, [doc for doc in yaml.safe_load_all(result.stdout) if doc] if result.exit_code == 0 else []
+
+
+def test_the_readme_gsm8k_job_finds_its_files_on_the_data_claim():
+    """`--data gsm8k` names a claim holding gsm8k/ and models/: mounted read-only at /data, where the example's
+    paths point; the models go through the shared cache claim, filled once by the init container."""
+    config = REPO / "examples" / "gsm8k-grpo.yaml"
+    result, objects = k8s_dry_run(config, "--gpus", "8", "--data", "gsm8k", "--run-id", "gsm8k")
+    assert result.exit_code == 0, result.output
+    for obj in objects:
+        validate(obj)
+    claims = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PersistentVolumeClaim"}
+    assert set(claims) == {"gsm8k-runs", "verl-deploy-hf-cache"}
+    assert "verl-deploy.run-id" not in claims["verl-deploy-hf-cache"]["metadata"]["labels"]  # shared: outlives runs
+    pod = next(o for o in objects if o["kind"] == "Job")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "gsm8k", "readOnly": True}
+    assert volumes["cache"]["persistentVolumeClaim"] == {"claimName": "verl-deploy-hf-cache"}
+    trainer = pod["containers"][0]
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in trainer["volumeMounts"]
+    paths = yaml.safe_load(config.read_text())
+    assert all(p.startswith("/data/") for p in (paths["data"]["train_files"], paths["data"]["val_files"], paths["model"]["path"]))
+    [fetch] = pod["initContainers"]
+    assert fetch["args"] == ["fetch", "/etc/verl-deploy/config.yaml"]
+    assert {m["name"] for m in fetch["volumeMounts"]} == {"config", "cache"}
+    assert fetch["securityContext"] == trainer["securityContext"]
+
+
+def test_named_claims_and_a_storage_class_and_several_nodes(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  path: org/tiny\ndata:\n  batch_size: 16\n")
+    result, objects = k8s_dry_run(config, "--gpus", "8", "--nodes", "2", "--hf-cache", "team-cache",
+                                  "--storage-class", "fast-rwx", "--set", "model.path=Qwen/Qwen2.5-0.5B-Instruct")
+    assert result.exit_code == 0, result.output
+    claims = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    assert [c["metadata"]["name"].endswith("-runs") for c in claims] == [True]  # team-cache is the user's own
+    assert claims[0]["spec"]["storageClassName"] == "fast-rwx" and claims[0]["spec"]["accessModes"] == ["ReadWriteMany"]
+    rayjob = objects[-1]["spec"]["rayClusterSpec"]
+    head, worker = rayjob["headGroupSpec"]["template"]["spec"], rayjob["workerGroupSpecs"][0]["template"]["spec"]
+    assert head["initContainers"][0]["args"] == ["fetch", "/etc/verl-deploy/config.yaml",
+                                                 "--set", "model.path=Qwen/Qwen2.5-0.5B-Instruct"]
+    assert "initContainers" not in worker
+    for pod in (head, worker):
+        assert {"name": "cache", "persistentVolumeClaim": {"claimName": "team-cache"}} in pod["volumes"]
+    default = k8s_dry_run(config, "--gpus", "8", "--nodes", "2")[1]
+    assert [o["metadata"]["name"] for o in default if o["kind"] == "PersistentVolumeClaim"][1] == "verl-deploy-hf-cache-rwx"
+
+
+def test_a_host_folder_for_data_on_kubernetes_is_one_line(tmp_path):
+    result, _ = k8s_dry_run(REPO / "examples" / "quickstart.yaml", "--data", str(tmp_path))
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: --data '{tmp_path}': on Kubernetes it names a PersistentVolumeClaim")

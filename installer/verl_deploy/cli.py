@@ -87,8 +87,9 @@ def run(
     shm_size: str = typer.Option("16g", "--shm-size", help="Shared memory for PyTorch workers and NCCL."),
     ipc_host: bool = typer.Option(False, "--ipc-host", help="Share the host's IPC namespace instead of --shm-size (Docker)."),
     nodes: int = typer.Option(1, "--nodes", help="Nodes; more than one runs a Ray cluster (Kubernetes: a RayJob)."),
-    data: Path = typer.Option(None, "--data", help="Host data directory, mounted read-only at /data."),
-    hf_cache: Path = typer.Option(None, "--hf-cache", help="Host Hugging Face cache (default: $HF_HOME or ~/.cache/huggingface)."),
+    data: str = typer.Option(None, "--data", help="Data mounted read-only at /data: a host directory; on k8s a PersistentVolumeClaim's name."),
+    hf_cache: str = typer.Option(None, "--hf-cache", help="Hugging Face cache: a host directory (default: $HF_HOME or ~/.cache/huggingface); on k8s a claim's name (default: the namespace's shared verl-deploy-hf-cache, created)."),
+    storage_class: str = typer.Option(None, "--storage-class", help="k8s: the storage class of the claims the launcher creates (default: the cluster's)."),
     namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
     run_id: str = typer.Option(None, "--run-id", help="Name of the run (default: <config>-<time>-<random>)."),
     resume: str = typer.Option(None, "--resume", help="Continue run RUN_ID from its last checkpoint."),
@@ -116,12 +117,18 @@ def run(
         elif image is None:
             image = default_image(variant)
         if hf_cache is None and target == "docker":
-            hf_cache = Path(os.environ.get("HF_HOME", "~/.cache/huggingface")).expanduser()
+            hf_cache = os.environ.get("HF_HOME", "~/.cache/huggingface")
+        # On Kubernetes, --data and --hf-cache name claims; elsewhere they are host directories.
+        if target == "k8s":
+            volumes = {"data_claim": data, "cache_claim": hf_cache}
+        else:
+            volumes = {"data_dir": Path(data).expanduser() if data else None,
+                       "hf_cache": Path(hf_cache).expanduser() if hf_cache else None}
         spec = build_spec(
             config, image=image, variant=None if variant == "auto" else variant,
             runs_root=runs_dir or runs.default_runs_root(), run_id=resume or run_id, overrides=tuple(overrides),
             gpus=gpus, cpus=cpus, memory=memory, shm_size=shm_size, ipc_host=ipc_host, nodes=nodes,
-            hf_cache=hf_cache, data_dir=data, env=extra_env, namespace=namespace,
+            **volumes, storage_class=storage_class, env=extra_env, namespace=namespace,
         )
         launcher = get_launcher(target, runs_dir or runs.default_runs_root(), namespace)
         if dry_run:

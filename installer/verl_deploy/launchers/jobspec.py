@@ -31,6 +31,7 @@ HUB_ENV = ("HF_ENDPOINT", "HF_HUB_OFFLINE")
 
 DEFAULT_SHM = "16g"  # PyTorch data loaders and NCCL need far more than Docker's 64 MB default.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain: what a PVC or storage class is called
 
 
 class LaunchError(Exception):
@@ -103,6 +104,11 @@ class JobSpec:
     world_size: int | None = None  # trainer workers, one per GPU: --gpus x --nodes (None: the runtime decides)
     hf_cache: Path | None = None
     data_dir: Path | None = None
+    # Kubernetes: PersistentVolumeClaims for the data (read-only at /data) and the Hugging Face cache (None: the
+    # namespace's shared one, which the launcher creates), and the storage class of the claims it creates.
+    data_claim: str | None = None
+    cache_claim: str | None = None
+    storage_class: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()  # names only; values come from the environment at launch time
     labels: dict[str, str] = field(default_factory=dict)
@@ -215,6 +221,9 @@ def build_spec(
     nodes: int = 1,
     hf_cache: Path | None = None,
     data_dir: Path | None = None,
+    data_claim: str | None = None,
+    cache_claim: str | None = None,
+    storage_class: str | None = None,
     env: dict[str, str] | None = None,
     namespace: str = "default",
     environ: dict[str, str] | None = None,
@@ -231,6 +240,10 @@ def build_spec(
     world_size = check_config(config_path, overrides, parse_gpus(gpus), nodes)
     if data_dir is not None and not Path(data_dir).is_dir():
         raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
+    for option, claim in (("--data", data_claim), ("--hf-cache", cache_claim), ("--storage-class", storage_class)):
+        if claim is not None and (len(claim) > 253 or not _DNS_NAME.match(claim)):
+            raise LaunchError(f"{option} {claim!r}: on Kubernetes it names a PersistentVolumeClaim (or storage class), "
+                              "not a folder: copy the data into a claim and pass its name (`kubectl get pvc`)")
     run_id = check_run_id(run_id or new_run_id(config_path))
     environ = os.environ if environ is None else environ
     env = {**{name: environ[name] for name in HUB_ENV if environ.get(name)}, **(env or {})}
@@ -254,6 +267,9 @@ def build_spec(
         world_size=world_size,
         hf_cache=Path(hf_cache).expanduser().resolve() if hf_cache else None,
         data_dir=Path(data_dir).resolve() if data_dir else None,
+        data_claim=data_claim,
+        cache_claim=cache_claim,
+        storage_class=storage_class,
         env=env,
         secrets=tuple(name for name in SECRET_ENV if environ.get(name)),
         labels={RUN_ID_LABEL: run_id, MANAGED_LABEL: "true"},

@@ -15,6 +15,8 @@ from verl_deploy import runs
 from verl_deploy.launchers.jobspec import (
     CACHE_DIR,
     CONFIG_DIR,
+    CONFIG_FILE,
+    DATA_DIR,
     MANAGED_LABEL,
     RUN_ID_LABEL,
     RUNS_DIR,
@@ -27,6 +29,9 @@ from verl_deploy.runs import RunStatus
 FIELD_MANAGER = "verl-deploy"
 SECRET_NAME = "verl-deploy-secrets"  # optional; `launch` fills it from the caller's environment
 RUN_VOLUME_SIZE = "50Gi"
+# The namespace's Hugging Face cache, shared by its runs (so a model is downloaded once), unless --hf-cache names one.
+CACHE_CLAIM = "verl-deploy-hf-cache"
+CACHE_VOLUME_SIZE = "200Gi"
 BACKOFF_LIMIT = 2  # a retried pod resumes from the last checkpoint (trainer.resume=auto)
 TTL_AFTER_FINISHED_S = 7 * 24 * 3600
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -108,14 +113,28 @@ def container(spec: JobSpec, name: str = "trainer", args: list[str] | None = Non
             {"name": "runs", "mountPath": RUNS_DIR},
             {"name": "cache", "mountPath": CACHE_DIR},
             {"name": "dshm", "mountPath": "/dev/shm"},
-        ],
+        ] + ([{"name": "data", "mountPath": DATA_DIR, "readOnly": True}] if spec.data_claim else []),
     }
     if args is not None:
         body["args"] = args
     return body
 
 
-def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never") -> dict:
+def fetch_container(spec: JobSpec) -> dict:
+    """The init container that puts the run's models into the cache claim before the trainer (and on several nodes,
+    the workers) start: one download, not one per pod."""
+    body = container(spec, "fetch-models", ["fetch", CONFIG_FILE, *[a for o in spec.overrides for a in ("--set", o)]])
+    body["resources"] = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}}
+    body["volumeMounts"] = [m for m in body["volumeMounts"] if m["name"] in ("config", "cache")]
+    return body
+
+
+def cache_claim(spec: JobSpec) -> str:
+    """The cache claim's name; several nodes share it only through ReadWriteMany, a claim of its own."""
+    return spec.cache_claim or (CACHE_CLAIM if spec.nodes == 1 else f"{CACHE_CLAIM}-rwx")
+
+
+def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never", fetch: bool = True) -> dict:
     body = {
         "securityContext": {
             "runAsNonRoot": True,
@@ -128,11 +147,14 @@ def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never") ->
         "volumes": [
             {"name": "config", "configMap": {"name": f"{spec.run_id}-config"}},
             {"name": "runs", "persistentVolumeClaim": {"claimName": f"{spec.run_id}-runs"}},
-            {"name": "cache", "emptyDir": {}},
+            {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim(spec)}},
             # PyTorch workers and NCCL exchange tensors through /dev/shm; the default 64 MB is far too small.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s_quantity(spec.shm_size)}},
-        ],
+        ] + ([{"name": "data", "persistentVolumeClaim": {"claimName": spec.data_claim, "readOnly": True}}]
+             if spec.data_claim else []),
     }
+    if fetch:
+        body["initContainers"] = [fetch_container(spec)]
     if restart_policy:
         body["restartPolicy"] = restart_policy
     if _gpu_count(spec):
@@ -155,13 +177,28 @@ def config_map(spec: JobSpec) -> dict:
 
 
 def run_volume(spec: JobSpec) -> dict:
-    # Several nodes write to one run directory only through a ReadWriteMany volume.
-    mode = "ReadWriteMany" if spec.nodes > 1 else "ReadWriteOnce"
+    return _claim(spec, f"{spec.run_id}-runs", RUN_VOLUME_SIZE, dict(spec.labels))
+
+
+def cache_volume(spec: JobSpec) -> dict | None:
+    """The shared cache claim, when the launcher makes it (not --hf-cache NAME): labelled managed, not by run, so
+    that stopping a run leaves it."""
+    if spec.cache_claim:
+        return None
+    return _claim(spec, cache_claim(spec), CACHE_VOLUME_SIZE, {MANAGED_LABEL: "true"})
+
+
+def _claim(spec: JobSpec, name: str, size: str, labels: dict) -> dict:
+    # Several nodes share a claim only through ReadWriteMany.
+    body = {"accessModes": ["ReadWriteMany" if spec.nodes > 1 else "ReadWriteOnce"],
+            "resources": {"requests": {"storage": size}}}
+    if spec.storage_class:
+        body["storageClassName"] = spec.storage_class
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(spec, f"{spec.run_id}-runs"),
-        "spec": {"accessModes": [mode], "resources": {"requests": {"storage": RUN_VOLUME_SIZE}}},
+        "metadata": {"name": name, "namespace": spec.namespace, "labels": labels},
+        "spec": body,
     }
 
 
@@ -187,7 +224,9 @@ def ray_job(spec: JobSpec) -> dict:
     import shlex
 
     def template(name: str) -> dict:
-        return {"metadata": {"labels": dict(spec.labels)}, "spec": pod_spec(spec, container(spec, name), None)}
+        # The head fetches the models; the workers start when KubeRay brings them up, reading the shared cache.
+        pod = pod_spec(spec, container(spec, name), None, fetch=name == "ray-head")
+        return {"metadata": {"labels": dict(spec.labels)}, "spec": pod}
 
     return {
         "apiVersion": "ray.io/v1",
@@ -216,7 +255,7 @@ def ray_job(spec: JobSpec) -> dict:
 
 def manifests(spec: JobSpec) -> list[dict]:
     workload = ray_job(spec) if spec.nodes > 1 else job(spec)
-    return [config_map(spec), run_volume(spec), workload]
+    return [obj for obj in (config_map(spec), run_volume(spec), cache_volume(spec), workload) if obj]
 
 
 def to_yaml(objects: list[dict]) -> str:

@@ -12,7 +12,7 @@ import yaml
 
 from verl_deploy.launchers import CLUSTER_GPU_VARIANT, default_image
 from verl_deploy.launchers.jobspec import JobSpec, build_spec
-from verl_deploy.launchers.k8s import config_map, job, ray_job, run_volume
+from verl_deploy.launchers.k8s import cache_volume, config_map, job, ray_job, run_volume
 
 RUN_ID = "verl-train"
 K8S_DIR = Path(__file__).resolve().parents[3] / "k8s"
@@ -62,9 +62,10 @@ def files(config: Path = BASE_CONFIG) -> dict[str, str]:
             "namespace": spec.namespace,
             # `bases` (not a directory under `resources`) so that kustomize v2 in Debian's kubectl 1.20 reads it too.
             "bases": ["../../base"],
-            "resources": ["pvc.yaml", workload_file],
+            "resources": ["pvc.yaml", "cache-pvc.yaml", workload_file],
         })
         tree[f"overlays/{overlay}/pvc.yaml"] = _dump(run_volume(spec))
+        tree[f"overlays/{overlay}/cache-pvc.yaml"] = _dump(cache_volume(spec))
         tree[f"overlays/{overlay}/{workload_file}"] = _dump(workload)
     return tree
 
