@@ -20,14 +20,16 @@ RESOLVE = "import sys; from verl_runtime.models import resolve_model_path; print
 
 
 @pytest.fixture
-def hf_home(tmp_path, tiny_model_dir):
-    """$HF_HOME whose hub cache holds org/tiny (revisions main and v1) as huggingface_hub lays a download out."""
+def hf_home(tmp_path, tiny_model_dir, tiny_opt_dir):
+    """$HF_HOME whose hub cache holds org/tiny (a Qwen2; revisions main and v1) and org/opt (an OPT: not of the
+    Llama family the lean path takes), as huggingface_hub lays a download out."""
     home = tmp_path / "hf"
-    repo = home / "hub" / "models--org--tiny"
-    shutil.copytree(tiny_model_dir, repo / "snapshots" / COMMIT)
-    (repo / "refs").mkdir()
-    for ref in ("main", "v1"):
-        (repo / "refs" / ref).write_text(COMMIT)
+    for name, model in (("tiny", tiny_model_dir), ("opt", tiny_opt_dir)):
+        repo = home / "hub" / f"models--org--{name}"
+        shutil.copytree(model, repo / "snapshots" / COMMIT)
+        (repo / "refs").mkdir()
+        for ref in ("main", "v1"):
+            (repo / "refs" / ref).write_text(COMMIT)
     return home
 
 
@@ -45,13 +47,14 @@ def test_a_hub_id_resolves_from_the_cache_offline(hf_home):
         assert result.stdout.strip() == str(hf_home / "hub" / "models--org--tiny" / "snapshots" / COMMIT)
 
 
-def test_the_trainer_trains_a_model_given_by_hub_id(hf_home, tmp_path):
+@pytest.mark.parametrize("model", ["org/tiny", "org/opt"])
+def test_the_trainer_trains_a_model_given_by_hub_id(hf_home, tmp_path, model):
     env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     result = run(["-m", "verl_runtime", "train", "examples/quickstart.yaml"], env,
-                 "--set", "model.path=org/tiny", "--set", "trainer.total_training_steps=1", "--set", "trainer.test_freq=-1",
+                 "--set", f"model.path={model}", "--set", "trainer.total_training_steps=1", "--set", "trainer.test_freq=-1",
                  "--set", f"trainer.run_dir={tmp_path / 'run'}")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "[INFO] Loading pretrained model from org/tiny" in result.stdout
+    assert f"[INFO] Loading pretrained model from {model}" in result.stdout
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
 
 

@@ -315,3 +315,14 @@ def test_a_host_folder_for_data_on_kubernetes_is_one_line(tmp_path):
     result, _ = k8s_dry_run(REPO / "examples" / "quickstart.yaml", "--data", str(tmp_path))
     assert result.exit_code == 2
     assert result.output.startswith(f"error: --data '{tmp_path}': on Kubernetes it names a PersistentVolumeClaim")
+
+
+def test_a_data_claim_can_be_created_from_a_size_and_a_storage_class():
+    result, objects = k8s_dry_run(REPO / "examples" / "quickstart.yaml", "--data-size", "100g", "--storage-class",
+                                  "standard", "--run-id", "sized")
+    assert result.exit_code == 0, result.output
+    data = next(o for o in objects if o["kind"] == "PersistentVolumeClaim" and o["metadata"]["name"] == "sized-data")
+    validate(data)
+    assert data["spec"]["resources"]["requests"]["storage"] == "100Gi" and data["spec"]["storageClassName"] == "standard"
+    pod = objects[-1]["spec"]["template"]["spec"]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": "sized-data", "readOnly": True}} in pod["volumes"]

@@ -89,6 +89,7 @@ def run(
     nodes: int = typer.Option(1, "--nodes", help="Nodes; more than one runs a Ray cluster (Kubernetes: a RayJob)."),
     data: str = typer.Option(None, "--data", help="Data mounted read-only at /data: a host directory; on k8s a PersistentVolumeClaim's name."),
     hf_cache: str = typer.Option(None, "--hf-cache", help="Hugging Face cache: a host directory (default: $HF_HOME or ~/.cache/huggingface); on k8s a claim's name (default: the namespace's shared verl-deploy-hf-cache, created)."),
+    data_size: str = typer.Option(None, "--data-size", help="k8s: create the --data claim (default name: <run>-data) with this size, e.g. 100Gi."),
     storage_class: str = typer.Option(None, "--storage-class", help="k8s: the storage class of the claims the launcher creates (default: the cluster's)."),
     namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
     run_id: str = typer.Option(None, "--run-id", help="Name of the run (default: <config>-<time>-<random>)."),
@@ -120,7 +121,7 @@ def run(
             hf_cache = os.environ.get("HF_HOME", "~/.cache/huggingface")
         # On Kubernetes, --data and --hf-cache name claims; elsewhere they are host directories.
         if target == "k8s":
-            volumes = {"data_claim": data, "cache_claim": hf_cache}
+            volumes = {"data_claim": data, "data_size": data_size, "cache_claim": hf_cache}
         else:
             volumes = {"data_dir": Path(data).expanduser() if data else None,
                        "hf_cache": Path(hf_cache).expanduser() if hf_cache else None}

@@ -107,6 +107,7 @@ class JobSpec:
     # Kubernetes: PersistentVolumeClaims for the data (read-only at /data) and the Hugging Face cache (None: the
     # namespace's shared one, which the launcher creates), and the storage class of the claims it creates.
     data_claim: str | None = None
+    data_size: str | None = None  # set: the launcher creates the data claim with this size (else it must exist)
     cache_claim: str | None = None
     storage_class: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -222,6 +223,7 @@ def build_spec(
     hf_cache: Path | None = None,
     data_dir: Path | None = None,
     data_claim: str | None = None,
+    data_size: str | None = None,
     cache_claim: str | None = None,
     storage_class: str | None = None,
     env: dict[str, str] | None = None,
@@ -267,7 +269,8 @@ def build_spec(
         world_size=world_size,
         hf_cache=Path(hf_cache).expanduser().resolve() if hf_cache else None,
         data_dir=Path(data_dir).resolve() if data_dir else None,
-        data_claim=data_claim,
+        data_claim=data_claim or (f"{run_id}-data" if data_size else None),
+        data_size=data_size,
         cache_claim=cache_claim,
         storage_class=storage_class,
         env=env,

@@ -188,6 +188,13 @@ def cache_volume(spec: JobSpec) -> dict | None:
     return _claim(spec, cache_claim(spec), CACHE_VOLUME_SIZE, {MANAGED_LABEL: "true"})
 
 
+def data_volume(spec: JobSpec) -> dict | None:
+    """The data claim, when --data-size asks the launcher to create it (fill it, e.g. from a pod, before training)."""
+    if not spec.data_size:
+        return None
+    return _claim(spec, spec.data_claim, k8s_quantity(spec.data_size), {MANAGED_LABEL: "true"})
+
+
 def _claim(spec: JobSpec, name: str, size: str, labels: dict) -> dict:
     # Several nodes share a claim only through ReadWriteMany.
     body = {"accessModes": ["ReadWriteMany" if spec.nodes > 1 else "ReadWriteOnce"],
@@ -255,7 +262,7 @@ def ray_job(spec: JobSpec) -> dict:
 
 def manifests(spec: JobSpec) -> list[dict]:
     workload = ray_job(spec) if spec.nodes > 1 else job(spec)
-    return [obj for obj in (config_map(spec), run_volume(spec), cache_volume(spec), workload) if obj]
+    return [obj for obj in (config_map(spec), run_volume(spec), data_volume(spec), cache_volume(spec), workload) if obj]
 
 
 def to_yaml(objects: list[dict]) -> str:
