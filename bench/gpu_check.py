@@ -30,8 +30,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent))  # verl_runtime and verl_deploy from this checkout
-sys.path.insert(0, str(BENCH.parent / "installer"))
+# verl_runtime and verl_deploy from this checkout, and the pure-Python wheels `make gpu-check-wheels` put in
+# .gpu-wheels/ (nvidia-ml-py for the NVML checks), importable as they are; the bench scripts it starts see them too.
+PATHS = [str(BENCH.parent), str(BENCH.parent / "installer"), *map(str, sorted((BENCH.parent / ".gpu-wheels").glob("*.whl")))]
+sys.path[:0] = PATHS
+os.environ["PYTHONPATH"] = os.pathsep.join([*PATHS, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from _workload import PRESETS, chat, prompt_texts  # noqa: E402
 
@@ -41,8 +44,12 @@ TARGETS = {"gpu": {"generation_tokens_per_s": 40_000, "grpo_vs_trl": 4.0}, "cpu"
 
 
 def nvml() -> dict:
+    import torch
+
     from verl_deploy.doctor import diagnose
 
+    if torch.cuda.is_available() and importlib.util.find_spec("pynvml") is None:
+        return {"status": "fail", "failed": ["nvidia-ml-py is not installed: `make gpu-check-wheels` carries it"]}
     findings = [f for f in diagnose().findings if f.area == "nvidia"]
     failed = [f"{f.name}: {f.message}" for f in findings if f.status == "fail"]
     return {"status": "fail" if failed else "pass", "failed": failed,
