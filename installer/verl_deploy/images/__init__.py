@@ -23,14 +23,9 @@ def resolve_variant(name: str) -> str:
     if name != "auto":
         return variant(name).name
     from verl_deploy import compat
-    from verl_deploy.doctor.core import Context, call_with_timeout
-    from verl_deploy.doctor.gpu import read_nvml
+    from verl_deploy.images.listing import host_reading
 
-    try:
-        ctx = Context(nvml=call_with_timeout(read_nvml, 10))
-    except TimeoutError:
-        ctx = Context(nvml={})
-    return compat.choose_variant(ctx.driver, ctx.capabilities).name
+    return compat.choose_variant(*host_reading()).name
 
 
 def _host_has_gpu() -> bool:

@@ -190,17 +190,19 @@ def check_config(path: Path, overrides: tuple[str, ...], gpus: Gpus, nodes: int)
     stops here with the trainer's own one-line message, not after an image is started or a job scheduled; return
     the world size: one worker per GPU asked for (None for --gpus all on one node: the runtime counts them).
     verl_runtime.config needs only PyYAML: no torch on the host path."""
-    from verl_runtime.config import load_config
+    from verl_runtime.config import load_config, validate
     from verl_runtime.errors import UserError
 
     world = gpus.number * nodes if gpus.number else None
     try:
-        asked = load_config(path, overrides).trainer.n_workers
+        config = load_config(path, overrides)
+        asked = config.trainer.n_workers
         if world and asked is not None and asked != world:
             raise LaunchError(f"trainer.n_workers={asked} but --gpus {gpus} x --nodes {nodes} gives {world} GPUs, one "
                               "worker each: drop trainer.n_workers or change --gpus/--nodes")
         if world:
-            load_config(path, (*overrides, f"trainer.n_workers={world}"))
+            config.trainer.n_workers = world  # as `--set trainer.n_workers=<world>` will tell the trainer
+            validate(config)
     except UserError as exc:
         raise LaunchError(str(exc)) from None
     return world
