@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR  # noqa: F401 (the launchers read them from here)
+
 RUN_ID_LABEL = "verl-deploy.run-id"
 MANAGED_LABEL = "verl-deploy.managed"
 
@@ -22,9 +24,6 @@ RUNS_DIR = "/workspace/runs"
 CACHE_DIR = "/cache/huggingface"
 DATA_DIR = "/data"
 
-# Environment variables that carry credentials: passed from the caller's environment (or a Kubernetes Secret)
-# by name only, never written into a spec, a label or a log.
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "NEPTUNE_API_TOKEN", "MLFLOW_TRACKING_PASSWORD")
 
 # Hub settings that travel from the caller's environment into the run (not secrets): a mirror, offline mode.
 HUB_ENV = ("HF_ENDPOINT", "HF_HUB_OFFLINE")

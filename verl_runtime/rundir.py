@@ -1,0 +1,153 @@
+"""What a run directory holds that both the trainer and the host CLI read, torch-free: the live trainer's lock and
+the checkpoint manifests.
+
+    <run_dir>/trainer.lock                        flock()ed by the live trainer; JSON {pid, started, host} inside
+    <run_dir>/checkpoints/step_<N>/manifest.json  {"step", "files": {name: {"size", "sha256"}}}, written last
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import socket
+import time
+from pathlib import Path
+
+from verl_runtime.errors import UserError
+
+LOCK_FILE = "trainer.lock"
+MANIFEST_FILE = "manifest.json"
+CHECKPOINTS_DIR = "checkpoints"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class RunDirBusy(UserError):
+    """Another live trainer holds the run directory."""
+
+
+# --- the trainer's lock ---------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def locked(run_dir, wait_s: float = 2.0):
+    """Hold the run directory for this process: a second trainer on it fails with one line instead of
+    interleaving its metrics and logs. The lock is the kernel's (flock), so it ends with the process however it
+    ends (kill -9, OOM), and it holds across a container's bind mount."""
+    path = Path(run_dir) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait_s  # a host's holder() probe holds it for an instant
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    who = _describe(_read_holder(path))
+                    raise RunDirBusy(f"run directory {run_dir} is in use by another trainer{who}: stop it first "
+                                     "(`verl-deploy stop RUN`), or train under another run id") from None
+                time.sleep(0.1)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "started": time.time(), "host": socket.gethostname()}).encode())
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def holder(run_dir) -> dict | None:
+    """Who holds the run directory now ({pid, started, host}), or None when no live trainer does."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_holder(path) or {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_holder(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def _describe(found: dict) -> str:
+    if not found.get("pid"):
+        return ""
+    return f" (pid {found['pid']} on {found.get('host', '?')})"
+
+
+# --- checkpoint manifests -------------------------------------------------------------------------------------
+
+def write_manifest(directory, step: int) -> Path:
+    """Record every file of a finished checkpoint directory with its size and SHA-256, then fsync: the last file
+    a save writes, so a checkpoint without one (or whose files disagree with it) is incomplete."""
+    directory = Path(directory)
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE):
+        files[str(path.relative_to(directory))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    manifest = directory / MANIFEST_FILE
+    with open(manifest, "w", encoding="utf-8") as handle:
+        json.dump({"step": step, "files": files}, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return manifest
+
+
+def checkpoint_problem(directory, deep: bool = False) -> str | None:
+    """Why a checkpoint directory cannot be used (None: it is complete). Sizes always; checksums when deep."""
+    directory = Path(directory)
+    try:
+        manifest = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except FileNotFoundError:
+        return "no manifest (the save did not finish)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its manifest is unreadable"
+    if not files:
+        return "its manifest lists no files"
+    for name, expected in files.items():
+        path = directory / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if size != expected.get("size"):
+            return f"{name} is {size} bytes, the manifest says {expected.get('size')} (truncated?)"
+        if deep and _sha256(path) != expected.get("sha256"):
+            return f"{name} does not match its checksum (corrupt)"
+    return None
+
+
+def checkpoint_dirs(run_dir) -> list[tuple[int, Path]]:
+    """Every checkpoints/step_<N> directory, complete or not, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := STEP_DIR.match(p.name))]
+    return sorted(found)
+
+
+def valid_checkpoints(run_dir, deep: bool = False) -> list[tuple[int, Path]]:
+    """The complete checkpoints, oldest first."""
+    return [(step, path) for step, path in checkpoint_dirs(run_dir) if checkpoint_problem(path, deep) is None]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
