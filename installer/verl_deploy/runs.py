@@ -1,13 +1,22 @@
-"""Run directories as the host sees them: the launch record, the last metrics line, checkpoints."""
+"""Run directories as the host sees them: the launch record, the last metrics line, checkpoints.
+
+The run directory is the run's memory: launch.json records what was launched (config, overrides, image, pid and
+its start time) and, once the run ends, how it ended (exit code, out of memory, when). `status` and `runs` read it
+when the container is gone or the engine does not answer.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verl_runtime import rundir
+
 LAUNCH_RECORD = "launch.json"
+STOPPED_CODES = (-15, -1, 129, 130, 143)  # SIGTERM/SIGHUP/SIGINT: the runtime checkpointed and left
 
 
 def default_runs_root() -> Path:
@@ -27,6 +36,7 @@ class RunStatus:
     metrics: dict = field(default_factory=dict)
     checkpoints: list[str] = field(default_factory=list)
     detail: str = ""
+    unusable_checkpoints: dict[str, str] = field(default_factory=dict)  # name -> why resume skips it
 
     @property
     def progress(self) -> str:
@@ -42,16 +52,95 @@ class RunStatus:
             "run_dir": self.run_dir,
             "last_metrics": self.metrics,
             "checkpoints": self.checkpoints,
+            "unusable_checkpoints": self.unusable_checkpoints,
             "detail": self.detail,
         }
 
 
+def state_of(exit_code: int | None) -> str:
+    """A finished run's state from its exit code."""
+    if exit_code is None:
+        return "unknown"
+    if exit_code == 0:
+        return "succeeded"
+    return "stopped" if exit_code in STOPPED_CODES else "failed"
+
+
+def run_status(run_dir: Path, target: str, state: str, **fields) -> RunStatus:
+    """A RunStatus with what the run directory says (metrics, checkpoints); the caller says the state."""
+    run_dir = Path(run_dir)
+    record = read_record(run_dir)
+    fields.setdefault("exit_code", record.get("exit_code"))
+    fields.setdefault("image", record.get("image", ""))
+    fields.setdefault("detail", record.get("detail", ""))
+    return RunStatus(
+        run_id=run_dir.name, target=target, state=state, run_dir=str(run_dir.resolve()),
+        metrics=last_metrics(run_dir), checkpoints=checkpoints(run_dir),
+        unusable_checkpoints=unusable_checkpoints(run_dir), **fields,
+    )
+
+
+def record_finished(run_dir: Path, exit_code: int | None, detail: str = "") -> None:
+    """How the run ended, kept in its run directory (the container or process that knew it may be gone)."""
+    write_record(run_dir, {"exit_code": exit_code, "detail": detail, "finished_at": _now()})
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# --- processes: a pid is the trainer's only while its start time matches -------------------------------------
+
+def process_start(pid: int | None) -> int | None:
+    """The start time of process pid (clock ticks since boot, /proc/PID/stat field 22); None if there is none
+    or it has exited (a zombie)."""
+    if not pid:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def same_process(pid: int | None, started: int | None) -> bool:
+    """pid is alive and is the process recorded (not a later one that reuses the number)."""
+    now = process_start(pid)
+    return now is not None and started is not None and now == started
+
+
+def trainer_holds(run_dir: Path) -> bool:
+    """A live trainer holds the run directory's lock (locally or in a container on this host)."""
+    return rundir.holder(run_dir) is not None
+
+
+# --- resume ---------------------------------------------------------------------------------------------------
+
+def resume_overrides(recorded: list[str], given: list[str]) -> tuple[list[str], list[str]]:
+    """The overrides a resumed run trains with (the recorded ones, then the ones given now, which win), and one
+    line per key the new ones change ("key: old -> new")."""
+    merged = dict(item.split("=", 1) for item in recorded)
+    changes = []
+    for item in given:
+        key, value = item.split("=", 1)
+        if merged.get(key) != value:
+            changes.append(f"{key}: {merged.get(key, '(config file)')} -> {value}")
+        merged.pop(key, None)
+        merged[key] = value
+    return [f"{key}={value}" for key, value in merged.items()], changes
+
+
 def write_record(run_dir: Path, record: dict) -> None:
-    """Keep what was launched (no config text, secrets by name only) next to the run's outputs."""
+    """Keep what was launched (no config text, secrets by name only) next to the run's outputs; written to a temp
+    file and renamed, so a crash leaves the old record or the new one, never half of one."""
+    run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LAUNCH_RECORD
     previous = read_record(run_dir)
-    path.write_text(json.dumps({**previous, **record}, indent=2, default=str) + "\n")
+    tmp = path.with_name(f".{LAUNCH_RECORD}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**previous, **record}, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
 
 
 def read_record(run_dir: Path) -> dict:
@@ -92,10 +181,18 @@ def metrics_lines(run_dir: Path | str) -> list[dict]:
 
 
 def checkpoints(run_dir: Path | str) -> list[str]:
-    """Completed checkpoints (checkpoints/step_N), oldest first."""
-    root = Path(run_dir) / "checkpoints"
-    steps = [p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()] if root.is_dir() else []
-    return [p.name for p in sorted(steps, key=lambda p: int(p.name[5:]))]
+    """Complete checkpoints (checkpoints/step_N whose files match their manifest's sizes), oldest first."""
+    return [path.name for _, path in rundir.valid_checkpoints(run_dir)]
+
+
+def unusable_checkpoints(run_dir: Path | str) -> dict[str, str]:
+    """Checkpoint directories a resume skips, with why (an interrupted save, a truncated file)."""
+    found = {}
+    for _, path in rundir.checkpoint_dirs(run_dir):
+        problem = rundir.checkpoint_problem(path)
+        if problem:
+            found[path.name] = problem
+    return found
 
 
 def summarize_metrics(metrics: dict) -> str:
@@ -115,8 +212,9 @@ def summarize_metrics(metrics: dict) -> str:
     return " · ".join(parts) or "metrics without step/reward"
 
 
-def local_run_ids(runs_root: Path) -> list[str]:
-    """Runs recorded under the runs root, oldest first."""
+def local_run_ids(runs_root: Path, target: str | None = None) -> list[str]:
+    """Runs recorded under the runs root (of one target, when given), oldest first."""
     if not runs_root.is_dir():
         return []
-    return sorted(p.name for p in runs_root.iterdir() if (p / LAUNCH_RECORD).is_file())
+    found = sorted(p.name for p in runs_root.iterdir() if (p / LAUNCH_RECORD).is_file())
+    return [r for r in found if target is None or read_record(runs_root / r).get("target") == target]

@@ -23,6 +23,7 @@ CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
 RUNS_DIR = "/workspace/runs"
 CACHE_DIR = "/cache/huggingface"
 DATA_DIR = "/data"
+REWARD_DIR = f"{CONFIG_DIR}/reward"  # the config's reward function file, when it is on the caller's host
 
 
 # Hub settings that travel from the caller's environment into the run (not secrets): a mirror, offline mode.
@@ -103,6 +104,8 @@ class JobSpec:
     world_size: int | None = None  # trainer workers, one per GPU: --gpus x --nodes (None: the runtime decides)
     hf_cache: Path | None = None
     data_dir: Path | None = None
+    reward_file: Path | None = None  # reward.function's file on the host, mounted read-only at REWARD_DIR
+    reward_name: str = ""  # the function in it ("": verl's default, compute_score)
     # Kubernetes: PersistentVolumeClaims for the data (read-only at /data) and the Hugging Face cache (None: the
     # namespace's shared one, which the launcher creates), and the storage class of the claims it creates.
     data_claim: str | None = None
@@ -129,7 +132,13 @@ class JobSpec:
             args += ["--set", f"trainer.n_workers={self.world_size}"]
         for override in self.overrides:
             args += ["--set", override]
+        if self.reward_file and config_file == CONFIG_FILE:  # container paths: the file is where mounts put it
+            args += ["--set", f"reward.function={self.container_reward_file}" + (f":{self.reward_name}" * bool(self.reward_name))]
         return args
+
+    @property
+    def container_reward_file(self) -> str:
+        return f"{REWARD_DIR}/{self.reward_file.name}"
 
     @property
     def container_env(self) -> dict[str, str]:
@@ -146,6 +155,8 @@ class JobSpec:
             mounts.append(Mount(str(self.hf_cache), CACHE_DIR))
         if self.data_dir:
             mounts.append(Mount(str(self.data_dir), DATA_DIR, read_only=True))
+        if self.reward_file:
+            mounts.append(Mount(str(self.reward_file), self.container_reward_file, read_only=True))
         return mounts
 
 
@@ -184,11 +195,11 @@ def parse_env(items) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
-def check_config(path: Path, overrides: tuple[str, ...], gpus: Gpus, nodes: int) -> int | None:
+def check_config(path: Path, overrides: tuple[str, ...], gpus: Gpus, nodes: int):
     """Load the config as the trainer will (keys, types, choices, sizes against the world size), so that a mistake
-    stops here with the trainer's own one-line message, not after an image is started or a job scheduled; return
-    the world size: one worker per GPU asked for (None for --gpus all on one node: the runtime counts them).
-    verl_runtime.config needs only PyYAML: no torch on the host path."""
+    stops here with the trainer's own one-line message, not after an image is started or a job scheduled. Returns
+    the config, with trainer.n_workers set to the world size: one worker per GPU asked for (None for --gpus all on
+    one node: the runtime counts them). verl_runtime.config needs only PyYAML: no torch on the host path."""
     from verl_runtime.config import load_config, validate
     from verl_runtime.errors import UserError
 
@@ -204,7 +215,19 @@ def check_config(path: Path, overrides: tuple[str, ...], gpus: Gpus, nodes: int)
             validate(config)
     except UserError as exc:
         raise LaunchError(str(exc)) from None
-    return world
+    return config
+
+
+def host_reward_file(function: str | None) -> tuple[Path | None, str]:
+    """The host file of reward.function ("path/to/file.py[:name]") when it is one, and the function's name: a
+    container sees it only if it is mounted (the launchers put it at REWARD_DIR)."""
+    if not function:
+        return None, ""
+    path, sep, name = function.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        path, name = function, ""
+    file = Path(path).expanduser()
+    return (file.resolve(), name) if path.endswith(".py") and file.is_file() else (None, "")
 
 
 def build_spec(
@@ -240,7 +263,8 @@ def build_spec(
             raise LaunchError(f"--set {override!r} needs the form key=value")
     if nodes < 1:
         raise LaunchError("--nodes must be at least 1")
-    world_size = check_config(config_path, overrides, parse_gpus(gpus), nodes)
+    checked = check_config(config_path, overrides, parse_gpus(gpus), nodes)
+    reward_file, reward_name = host_reward_file(checked.reward.function)
     if data_dir is not None and not Path(data_dir).is_dir():
         raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
     for option, claim in (("--data", data_claim), ("--hf-cache", cache_claim), ("--storage-class", storage_class)):
@@ -267,7 +291,9 @@ def build_spec(
         shm_size=shm_size,
         ipc_host=ipc_host,
         nodes=nodes,
-        world_size=world_size,
+        world_size=checked.trainer.n_workers if parse_gpus(gpus).number else None,
+        reward_file=reward_file,
+        reward_name=reward_name,
         hf_cache=Path(hf_cache).expanduser().resolve() if hf_cache else None,
         data_dir=Path(data_dir).resolve() if data_dir else None,
         data_claim=data_claim or (f"{run_id}-data" if data_size else None),
