@@ -1,3 +1,3 @@
-from verl_deploy.cli import main
+from verl_deploy.entry import main
 
 main()

@@ -75,8 +75,8 @@ def _launcher(target: str | None, run_id: str | None, runs_dir: Path | None, nam
 
 @app.command()
 def run(
-    config: Path = typer.Argument(..., help="Training config (YAML), e.g. examples/quickstart.yaml."),
-    target: str = typer.Option("docker", "--target", "-t", help="local | docker | k8s"),
+    config: Path = typer.Argument(None, help="Training config (YAML), e.g. examples/quickstart.yaml (with --resume: the run's own by default)."),
+    target: str = typer.Option(None, "--target", "-t", help="local | docker | k8s (default: docker; with --resume: the run's)."),
     gpus: str = typer.Option(None, "--gpus", help="all, a count (2), indices (0,1) or UUIDs (GPU-...)."),
     image: str = typer.Option(None, "--image", help="Image to run (default: the variant's local tag)."),
     variant: str = typer.Option(None, "--variant", help="Image variant (docker/variants.yaml) (default: cpu, or doctor's choice with --gpus)."),
@@ -86,14 +86,14 @@ def run(
     memory: str = typer.Option(None, "--memory", help="Memory limit, e.g. 64g."),
     shm_size: str = typer.Option("16g", "--shm-size", help="Shared memory for PyTorch workers and NCCL."),
     ipc_host: bool = typer.Option(False, "--ipc-host", help="Share the host's IPC namespace instead of --shm-size (Docker)."),
-    nodes: int = typer.Option(1, "--nodes", help="Nodes; more than one runs a Ray cluster (Kubernetes: a RayJob)."),
+    nodes: int = typer.Option(None, "--nodes", help="Nodes; more than one runs a Ray cluster (Kubernetes: a RayJob) (default: 1)."),
     data: str = typer.Option(None, "--data", help="Data mounted read-only at /data: a host directory; on k8s a PersistentVolumeClaim's name."),
     hf_cache: str = typer.Option(None, "--hf-cache", help="Hugging Face cache: a host directory (default: $HF_HOME or ~/.cache/huggingface); on k8s a claim's name (default: the namespace's shared verl-deploy-hf-cache, created)."),
     data_size: str = typer.Option(None, "--data-size", help="k8s: create the --data claim (default name: <run>-data) with this size, e.g. 100Gi."),
     storage_class: str = typer.Option(None, "--storage-class", help="k8s: the storage class of the claims the launcher creates (default: the cluster's)."),
     namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
     run_id: str = typer.Option(None, "--run-id", help="Name of the run (default: <config>-<time>-<random>)."),
-    resume: str = typer.Option(None, "--resume", help="Continue run RUN_ID from its last checkpoint."),
+    resume: str = typer.Option(None, "--resume", help="Continue run RUN_ID from its last valid checkpoint, with its recorded config, --set values, target, GPUs and image (flags given now change them, and are shown)."),
     runs_dir: Path = _RUNS_DIR_OPTION,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run (docker run line, Kubernetes YAML); start nothing."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Start and return; follow with `verl-deploy logs -f RUN`."),
@@ -107,7 +107,21 @@ def run(
     )
     from verl_deploy.launchers.jobspec import build_spec, parse_env, parse_gpus
 
+    root = runs_dir or runs.default_runs_root()
     try:
+        if resume:
+            again = runs.plan_resume(root, resume, config=config, target=target, overrides=overrides, gpus=gpus,
+                                     nodes=nodes, image=image)
+            config, target, overrides, gpus, nodes, image = (again.config, again.target, again.overrides, again.gpus,
+                                                             again.nodes, again.image)
+            for change in again.changes:
+                typer.echo(f"resume {resume}: {change}", err=True)
+        elif config is None:
+            raise ValueError("which config? `verl-deploy run CONFIG` (e.g. examples/quickstart.yaml), or --resume RUN")
+        elif run_id and runs.read_record(root / run_id):
+            raise ValueError(f"run {run_id} already exists under {root}: `--resume {run_id}` continues it, or choose "
+                             "another --run-id")
+        target, nodes = target or "docker", nodes or 1
         extra_env = parse_env(env)
         wanted_gpus = parse_gpus(gpus).wanted
         variant = variant or ("auto" if wanted_gpus else "cpu")
@@ -127,14 +141,16 @@ def run(
                        "hf_cache": Path(hf_cache).expanduser() if hf_cache else None}
         spec = build_spec(
             config, image=image, variant=None if variant == "auto" else variant,
-            runs_root=runs_dir or runs.default_runs_root(), run_id=resume or run_id, overrides=tuple(overrides),
+            runs_root=root, run_id=resume or run_id, overrides=tuple(overrides),
             gpus=gpus, cpus=cpus, memory=memory, shm_size=shm_size, ipc_host=ipc_host, nodes=nodes,
             **volumes, storage_class=storage_class, env=extra_env, namespace=namespace,
         )
-        launcher = get_launcher(target, runs_dir or runs.default_runs_root(), namespace)
+        launcher = get_launcher(target, root, namespace)
         if dry_run:
             typer.echo(launcher.dry_run(spec))
             return
+        if resume:
+            runs.note_resume(spec.run_dir, again.changes)
         if detach:
             typer.echo(f"run {spec.run_id} started ({target}); follow it: verl-deploy logs -f {spec.run_id}", err=True)
         code = launcher.launch(spec, detach=detach)
@@ -211,10 +227,10 @@ def stop(
     from verl_deploy.launchers import LaunchError
 
     try:
-        _launcher(target, run_id, runs_dir, namespace).stop(run_id)
+        said = _launcher(target, run_id, runs_dir, namespace).stop(run_id)
     except LaunchError as exc:
         raise _launch_error(exc) from None
-    typer.echo(f"stopped {run_id}")
+    typer.echo(said or f"stopped {run_id}")
 
 
 @app.command("runs")
@@ -368,7 +384,3 @@ def smoke(
         typer.echo(result.log_tail.rstrip()[-2000:], err=True)  # what the run said last, before the verdict
     typer.echo(result.line)
     raise typer.Exit(0 if result.passed else 1)
-
-
-def main() -> None:
-    app()

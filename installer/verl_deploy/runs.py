@@ -117,6 +117,49 @@ def trainer_holds(run_dir: Path) -> bool:
 
 # --- resume ---------------------------------------------------------------------------------------------------
 
+@dataclass
+class Resume:
+    """How `run --resume RUN` starts a run again: as recorded, with what was given now on top."""
+
+    config: Path
+    target: str
+    overrides: list[str]
+    gpus: str | None
+    nodes: int
+    image: str | None
+    changes: list[str]  # "what: old -> new", one per thing given now that differs from the record
+
+
+def plan_resume(runs_root: Path, run_id: str, *, config: Path | None, target: str | None, overrides: list[str],
+                gpus: str | None, nodes: int | None, image: str | None) -> Resume:
+    """The recorded launch of run_id with the given flags on top; ValueError (one line) for a run that is not
+    there, so a typo never starts a fresh run under the typed name."""
+    record = read_record(Path(runs_root) / run_id)
+    if not record:
+        raise ValueError(f"no run {run_id!r} under {runs_root} to resume: `verl-deploy runs` lists the runs "
+                         f"(a new run of that name: --run-id {run_id})")
+    merged, changes = resume_overrides(record.get("overrides", []), list(overrides))
+    recorded_config = Path(record["config"]) if record.get("config") else None
+    if config is None and recorded_config is None:
+        raise ValueError(f"run {run_id} recorded no config file: pass it (`verl-deploy run CONFIG --resume {run_id}`)")
+    for what, old, new in (("config", recorded_config, config), ("--target", record.get("target"), target),
+                           ("--gpus", record.get("gpus"), gpus), ("--nodes", record.get("nodes"), nodes),
+                           ("--image", record.get("image"), image)):
+        if new is not None and str(new) != str(old):
+            changes.append(f"{what}: {old} -> {new}")
+    return Resume(
+        config=config or recorded_config, target=target or record.get("target", "docker"), overrides=merged,
+        gpus=gpus if gpus is not None else record.get("gpus"), nodes=nodes or record.get("nodes", 1),
+        image=image or record.get("image"), changes=changes,
+    )
+
+
+def note_resume(run_dir: Path, changes: list[str]) -> None:
+    """Keep in launch.json when the run was resumed and what changed then."""
+    history = read_record(run_dir).get("resumes", [])
+    write_record(run_dir, {"resumes": [*history, {"at": _now(), "changes": changes}]})
+
+
 def resume_overrides(recorded: list[str], given: list[str]) -> tuple[list[str], list[str]]:
     """The overrides a resumed run trains with (the recorded ones, then the ones given now, which win), and one
     line per key the new ones change ("key: old -> new")."""

@@ -118,6 +118,16 @@ class JobSpec:
     namespace: str = "default"
     user: str = "1000:1000"
 
+    def record(self) -> dict:
+        """What launch.json keeps of the spec, so that `--resume` starts the run again as it was (secrets by
+        name only; no config text: the config file's path)."""
+        return {
+            "run_id": self.run_id, "config": str(self.config_path), "overrides": list(self.overrides),
+            "gpus": str(self.gpus) if self.gpus.wanted else None, "nodes": self.nodes, "image": self.image,
+            "variant": self.variant, "namespace": self.namespace, "secrets": list(self.secrets),
+            "owner": f"{os.getuid()}:{os.getgid()}", "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
     @property
     def container_run_dir(self) -> str:
         return f"{RUNS_DIR}/{self.run_id}"

@@ -12,26 +12,11 @@ from pathlib import Path
 from typing import Iterator
 
 from verl_deploy import runs
+from verl_runtime import rundir
 from verl_deploy.launchers.jobspec import Gpus, JobSpec, LaunchError
 from verl_deploy.runs import RunStatus
 
 CONSOLE_LOG = "console.log"  # the subprocess's stdout and stderr
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (finished, not yet reaped by its parent) is not running.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def host_gpu_env(gpus: Gpus) -> dict[str, str]:
@@ -78,48 +63,27 @@ class LocalLauncher:
         return (env + " " if env else "") + shlex.join(self.command(spec))
 
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
-        record = runs.read_record(spec.run_dir)
-        if _alive(record.get("pid")):
+        if self._running(spec.run_dir):
             raise LaunchError(f"run {spec.run_id} is still running: `verl-deploy stop {spec.run_id}` first")
         gpu_env = host_gpu_env(spec.gpus)
         spec.run_dir.mkdir(parents=True, exist_ok=True)
+        log_path = spec.run_dir / CONSOLE_LOG
+        log_path.touch()
+        offset = log_path.stat().st_size  # a resumed run's log goes on: follow from where this start begins
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **gpu_env, **spec.env}
-        with open(spec.run_dir / CONSOLE_LOG, "ab") as log:
-            # A session of its own: the run survives the CLI when detached, and gets signals only from us.
-            process = subprocess.Popen(
-                self.command(spec),
-                stdout=log if detach else subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-            )
-        runs.write_record(spec.run_dir, {"run_id": spec.run_id, "target": self.target, "pid": process.pid,
-                                         "command": self.command(spec), "exit_code": None})
+        # The supervisor records the exit code; a session of its own: the run survives the CLI and the terminal,
+        # and gets signals only from us.
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "verl_deploy.launchers.supervise", str(spec.run_dir), "--", *self.command(spec)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )
+        runs.write_record(spec.run_dir, {**spec.record(), "target": self.target, "pid": supervisor.pid,
+                                         "pid_start": runs.process_start(supervisor.pid),
+                                         "command": self.command(spec), "exit_code": None, "detail": ""})
         if detach:
             return 0
-        code = self._follow(process, spec.run_dir / CONSOLE_LOG)
-        runs.write_record(spec.run_dir, {"exit_code": code})
-        return code
-
-    def _follow(self, process: subprocess.Popen, log_path: Path) -> int:
-        """Copy the output to the terminal and the console log; Ctrl-C sends SIGTERM so the runtime checkpoints."""
-
-        def on_sigint(signum, frame):
-            print("\nstopping: SIGTERM sent, the run writes a checkpoint", file=sys.stderr)
-            process.send_signal(signal.SIGTERM)
-
-        previous = signal.signal(signal.SIGINT, on_sigint)
-        try:
-            with open(log_path, "ab") as log:
-                for line in process.stdout:
-                    sys.stdout.write(line.decode(errors="replace"))
-                    sys.stdout.flush()
-                    log.write(line)
-                    log.flush()
-            return process.wait()
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        return _follow(supervisor, log_path, offset)
 
     def _run_dir(self, run_id: str) -> Path:
         run_dir = self.runs_root / run_id
@@ -127,48 +91,110 @@ class LocalLauncher:
             raise LaunchError(f"no local run {run_id!r} under {self.runs_root}: `verl-deploy runs` lists the runs")
         return run_dir
 
+    def _running(self, run_dir: Path) -> bool:
+        """The trainer holds its run directory, or the run's supervisor (the pid recorded, with the same start
+        time: not a later process that got the number) is still starting it."""
+        record = runs.read_record(run_dir)
+        return runs.trainer_holds(run_dir) or runs.same_process(record.get("pid"), record.get("pid_start"))
+
     def _status(self, run_dir: Path) -> RunStatus:
         record = runs.read_record(run_dir)
-        code = record.get("exit_code")
-        if _alive(record.get("pid")):
-            state = "running"
-        elif code is None:
-            state = "exited"  # detached: the exit code went with the process
-        else:
-            state = "succeeded" if code == 0 else "stopped" if code in (-15, 130, 143) else "failed"
-        return RunStatus(
-            run_id=run_dir.name,
-            target=self.target,
-            state=state,
-            exit_code=code,
-            run_dir=str(run_dir.resolve()),
-            metrics=runs.last_metrics(run_dir),
-            checkpoints=runs.checkpoints(run_dir),
-        )
+        if self._running(run_dir):
+            return runs.run_status(run_dir, self.target, "running", exit_code=None, detail="")
+        if record.get("exit_code") is None:
+            return runs.run_status(run_dir, self.target, "exited",
+                                   detail="its processes are gone and no exit code was recorded (killed?)")
+        return runs.run_status(run_dir, self.target, runs.state_of(record["exit_code"]))
 
     def status(self, run_id: str) -> RunStatus:
         return self._status(self._run_dir(run_id))
 
     def logs(self, run_id: str, follow: bool = False) -> Iterator[str]:
         run_dir = self._run_dir(run_id)
-        path = run_dir / CONSOLE_LOG
-        with open(path, errors="replace") as log:
+        with open(run_dir / CONSOLE_LOG, errors="replace") as log:
             yield log.read()
-            while follow and _alive(runs.read_record(run_dir).get("pid")):
+            while follow and self._running(run_dir):
                 time.sleep(0.5)
                 text = log.read()
                 if text:
                     yield text
             yield log.read()
 
-    def stop(self, run_id: str) -> None:
-        pid = runs.read_record(self._run_dir(run_id)).get("pid")
-        if _alive(pid):
-            os.killpg(pid, signal.SIGTERM)  # the whole session: the trainer and anything it started
+    def stop(self, run_id: str) -> str:
+        """SIGTERM to the run's session (the trainer checkpoints), once it is sure the pid is still the run's."""
+        run_dir = self._run_dir(run_id)
+        record = runs.read_record(run_dir)
+        if runs.same_process(record.get("pid"), record.get("pid_start")):
+            os.killpg(record["pid"], signal.SIGTERM)  # the whole session: the trainer and anything it started
+            return f"stopping {run_id}: SIGTERM sent, it writes a checkpoint"
+        holder = rundir.holder(run_dir)
+        if holder and holder.get("pid") and runs.process_start(holder["pid"]) is not None:
+            os.kill(holder["pid"], signal.SIGTERM)  # its supervisor is gone; the lock says who trains
+            return f"stopping {run_id}: SIGTERM sent to its trainer (pid {holder['pid']}), it writes a checkpoint"
+        state = self._status(run_dir).state
+        reused = " (its recorded pid now belongs to another process)" if runs.process_start(record.get("pid")) else ""
+        return f"run {run_id} is not running{reused}: it {state}; nothing to stop"
 
     def list(self) -> list[RunStatus]:
-        return [
-            self._status(self.runs_root / run_id)
-            for run_id in runs.local_run_ids(self.runs_root)
-            if runs.read_record(self.runs_root / run_id).get("target") == self.target
-        ]
+        return [self._status(self.runs_root / run_id) for run_id in runs.local_run_ids(self.runs_root, self.target)]
+
+
+def _follow(supervisor: subprocess.Popen, log_path: Path, offset: int = 0) -> int:
+    """Print the console log as it grows until the run ends. Ctrl-C, a closed terminal (SIGHUP) or SIGTERM send
+    SIGTERM to the run, which checkpoints and exits; a second Ctrl-C kills it. The trainer writes to its log file,
+    not to us, so a terminal that goes away cannot break it: we just stop echoing."""
+    interrupts = 0
+
+    def on_signal(signum, frame):
+        nonlocal interrupts
+        interrupts += 1
+        if interrupts == 1:
+            _say(f"\nstopping ({signal.Signals(signum).name}): SIGTERM sent, the run writes a checkpoint "
+                 "(Ctrl-C again to kill it)")
+            _signal_session(supervisor.pid, signal.SIGTERM)
+        elif signum == signal.SIGINT:
+            _signal_session(supervisor.pid, signal.SIGKILL)
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, on_signal) for signum in handled}
+    echo = True
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            while True:
+                done = supervisor.poll() is not None
+                chunk = log.read()
+                if chunk and echo:
+                    echo = _echo(chunk)
+                if done:
+                    break
+                if not chunk:
+                    time.sleep(0.2)
+        return supervisor.returncode
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _echo(chunk: bytes) -> bool:
+    """Copy to our stdout; False once the terminal is gone (then the run goes on without an audience)."""
+    try:
+        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.flush()
+        return True
+    except OSError:
+        return False
+
+
+def _say(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def _signal_session(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass  # it ended meanwhile
