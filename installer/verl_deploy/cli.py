@@ -252,6 +252,7 @@ def runs_(
         except LaunchError as exc:
             if target:
                 raise _launch_error(exc) from None
+            typer.echo(f"warning: {name} runs not listed: {exc}", err=True)
     if json_output:
         typer.echo(json.dumps([r.to_json() for r in found], indent=2))
         return
