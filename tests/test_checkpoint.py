@@ -1,14 +1,19 @@
-"""Checkpoints: atomic step dirs, crash leftovers ignored, pruning, and a full RNG round trip."""
+"""Checkpoints: atomic step dirs, crash leftovers ignored, manifests, pruning, and a full RNG round trip."""
 
+import json
+import os
 import random
+import shutil
 
 import numpy as np
 import torch
 
+from verl_runtime import rundir
 from verl_runtime.checkpoint import (
     checkpoint_step,
     latest_checkpoint,
     load_checkpoint,
+    load_newest,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -78,3 +83,68 @@ def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
     set_rng_state(load_checkpoint(latest_checkpoint(tmp_path))["rng"])
     again = (random.random(), np.random.normal(), np.random.rand(3).tolist(), torch.rand(4))
     assert expected[:3] == again[:3] and torch.equal(expected[3], again[3])
+
+
+# --- manifests: a checkpoint damaged after its save is passed over ---------------------------------------------
+
+
+def test_a_save_ends_with_its_manifest(tmp_path):
+    path = save_checkpoint(tmp_path, 1, _state(1), keep_last=0)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["step"] == 1
+    assert manifest["files"]["state.pt"]["size"] == (path / "state.pt").stat().st_size
+    assert rundir.checkpoint_problem(path, deep=True) is None
+
+
+def test_truncated_and_corrupt_checkpoints_are_not_the_latest(tmp_path):
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, _state(step), keep_last=0)
+    step_1, step_2 = (tmp_path / "checkpoints" / name / "state.pt" for name in ("step_1", "step_2"))
+    os.truncate(step_2, step_2.stat().st_size // 2)  # a disk that filled up, a copy cut short
+    assert latest_checkpoint(tmp_path).name == "step_1"
+    with open(step_1, "r+b") as handle:  # one byte flipped, the size unchanged: only the checksum sees it
+        handle.seek(100)
+        byte = handle.read(1)
+        handle.seek(100)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    assert latest_checkpoint(tmp_path).name == "step_1"
+    assert latest_checkpoint(tmp_path, deep=True) is None
+
+
+def test_load_newest_passes_over_damaged_checkpoints_and_says_why(tmp_path):
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step, _state(step), keep_last=0)
+    step_2, step_3 = tmp_path / "checkpoints" / "step_2", tmp_path / "checkpoints" / "step_3"
+    size = (step_3 / "state.pt").stat().st_size
+    os.truncate(step_3 / "state.pt", 123)
+    # Damaged before its manifest was written: the manifest agrees, torch.load does not.
+    (step_2 / "state.pt").write_bytes(b"PK\x03\x04 not a zip archive")
+    rundir.write_manifest(step_2, 2)
+
+    path, state, unusable = load_newest(tmp_path)
+    assert path.name == "step_1" and state["step"] == 1
+    assert [(bad.name, why) for bad, why in unusable][0] == (
+        "step_3", f"state.pt is 123 bytes, the manifest says {size} (truncated?)")
+    assert unusable[1][0].name == "step_2" and unusable[1][1].startswith("torch.load failed: RuntimeError: ")
+    assert "\n" not in unusable[1][1]
+
+
+def test_nothing_usable_loads_nothing(tmp_path):
+    save_checkpoint(tmp_path, 1, _state(1), keep_last=0)
+    os.remove(tmp_path / "checkpoints" / "step_1" / "manifest.json")
+    assert load_newest(tmp_path) == (None, None, [(tmp_path / "checkpoints" / "step_1",
+                                                   "no manifest (the save did not finish)")])
+
+
+def test_pruning_counts_only_complete_checkpoints(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step, _state(step), keep_last=0)
+    os.truncate(root / "step_1" / "state.pt", 10)  # damaged and older than the good ones: removed
+    for step in (7, 8):  # damaged and newer: they must not push the good ones out
+        shutil.copytree(root / "step_3", root / f"step_{step}")
+        os.truncate(root / f"step_{step}" / "state.pt", 10)
+
+    save_checkpoint(tmp_path, 4, _state(4), keep_last=2)
+    assert sorted(p.name for p in root.iterdir()) == ["step_3", "step_4", "step_7", "step_8"]
+    assert [step for step, _ in rundir.valid_checkpoints(tmp_path)] == [3, 4]

@@ -30,6 +30,36 @@ def test_resume_drops_lines_after_the_checkpoint_step(tmp_path):
     assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path)] == [(1, 1.0), (2, 2.0), (3, 30.0)]
 
 
+TORN = '{"step": 3, "ac'  # the process died while writing step 3's line
+
+
+def write_lines(path, *steps, tail=""):
+    path.write_text("".join(json.dumps({"step": step, "loss": float(step)}) + "\n" for step in steps) + tail)
+
+
+def test_a_torn_last_line_is_dropped_before_the_next_record(tmp_path, capsys):
+    write_lines(tmp_path / "metrics.jsonl", 1, 2, tail=TORN)
+    with MetricsWriter(tmp_path) as writer:
+        writer.log(3, {"loss": 3.0})
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]  # every line parses: none joined the torn one
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[WARN]")]
+    assert len(warnings) == 1 and "torn line" in warnings[0], warnings
+
+
+def test_resume_drops_a_torn_line_instead_of_failing(tmp_path, capsys):
+    write_lines(tmp_path / "metrics.jsonl", 1, 2, 3, tail=TORN)
+    with MetricsWriter(tmp_path, truncate_after=2) as writer:
+        writer.log(3, {"loss": 30.0})
+    assert [(r["step"], r["loss"]) for r in read_metrics(tmp_path)] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    assert capsys.readouterr().out.count("[WARN]") == 1
+
+
+def test_read_metrics_skips_a_torn_last_line(tmp_path):
+    write_lines(tmp_path / "metrics.jsonl", 1, 2, tail=TORN)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
 def test_tensorboard_events_are_written_when_asked(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

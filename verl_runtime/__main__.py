@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from pathlib import Path
 
 from verl_runtime.errors import UserError
+from verl_runtime.secrets import load_secret_files
 
 
 def main(argv: list[str] | None = None) -> int:
+    load_secret_files()  # before anything reads a token (a model download, a tracker)
     args = _parser().parse_args(argv)
     try:
         if args.command == "train":
@@ -27,28 +30,35 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         if args.debug:
             raise
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        try:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):  # no console left to tell: train.log has it
+            _discard(sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
 
 
 def train(config_path: str, overrides: list[str]) -> int:
-    """Load and validate the config, then run fit() with the console mirrored to <run_dir>/train.log."""
+    """Load and validate the config, then run fit() with the console mirrored to <run_dir>/train.log.
+
+    The run directory is locked for the whole run, before anything is written into it: a second trainer on it
+    fails with one line (RunDirBusy) and leaves the first one's log, metrics and config alone."""
     from verl_runtime.config import load_config
+    from verl_runtime.rundir import locked
 
     config = load_config(config_path, overrides)
-    config.run_dir.mkdir(parents=True, exist_ok=True)
-    log_path = config.run_dir / "train.log"
-    try:
-        with _tee_console(log_path):
-            from verl_runtime.trainer import SingleControllerTrainer
+    with locked(config.run_dir):
+        log_path = config.run_dir / "train.log"
+        try:
+            with _tee_console(log_path):
+                from verl_runtime.trainer import SingleControllerTrainer
 
-            SingleControllerTrainer(config).fit()
-    except UserError as exc:
-        with open(log_path, "a", encoding="utf-8") as log:  # main() prints it to the console
-            log.write(f"error: {exc}\n")
-        raise
+                SingleControllerTrainer(config).fit()
+        except UserError as exc:
+            with open(log_path, "a", encoding="utf-8") as log:  # main() prints it to the console
+                log.write(f"error: {exc}\n")
+            raise
     return 0
 
 
@@ -100,22 +110,47 @@ def _parser() -> argparse.ArgumentParser:
 
 
 class _Tee:
-    """A console stream that also writes to the run's log; everything else (fileno, encoding, ...) is the console's."""
+    """A console stream that also writes to the run's log; everything else (fileno, encoding, ...) is the console's.
 
-    def __init__(self, *streams):
-        self.streams = streams
+    The console may go away under a long run (a closed pipe, a terminal hung up: BrokenPipeError, EIO): the
+    training goes on, the log keeps everything, and the console is dropped."""
+
+    def __init__(self, console, log):
+        self.console, self.log = console, log
+        self.console_gone = False
 
     def __getattr__(self, name):
-        return getattr(self.streams[0], name)
+        return getattr(self.console, name)
 
     def write(self, text: str) -> int:
-        for stream in self.streams:
-            stream.write(text)
+        self.log.write(text)
+        self._to_console(self.console.write, text)
         return len(text)
 
     def flush(self) -> None:
-        for stream in self.streams:
-            stream.flush()
+        self.log.flush()
+        self._to_console(self.console.flush)
+
+    def _to_console(self, method, *args) -> None:
+        if self.console_gone:
+            return
+        try:
+            method(*args)
+        except (OSError, ValueError):  # any failure to write the console means it is gone (ValueError: closed)
+            self.console_gone = True
+            _discard(self.console)
+
+
+def _discard(stream) -> None:
+    """Point a broken console's file descriptor at /dev/null, so that what it still buffers and Python's own flush
+    at exit go nowhere instead of failing (exit code 120 and 'Exception ignored' lines)."""
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):
+        return
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 @contextlib.contextmanager

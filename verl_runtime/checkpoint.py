@@ -1,5 +1,8 @@
 """Checkpoints that a crash cannot corrupt: run_dir/checkpoints/step_<N>/state.pt, written to a temp dir and renamed.
 
+Each checkpoint carries a manifest (rundir.write_manifest: sizes and SHA-256), written last: a checkpoint whose files
+disagree with it (truncated or damaged after the save, a copy cut short) is passed over, never loaded.
+
 A state is a dict of tensors, numbers, strings, lists and dicts (model and optimizer state_dicts, rng_state(),
 the data position, ...). It is loaded with ``torch.load(weights_only=True)``, so a checkpoint cannot run code.
 """
@@ -7,8 +10,8 @@ the data position, ...). It is loaded with ``torch.load(weights_only=True)``, so
 from __future__ import annotations
 
 import os
+import pickle
 import random
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -16,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from verl_runtime import rundir
+
 STATE_FILE = "state.pt"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def checkpoint_dir(run_dir) -> Path:
@@ -35,6 +39,7 @@ def save_checkpoint(run_dir, step: int, state: dict, keep_last: int) -> Path:
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        rundir.write_manifest(tmp, step)  # last: its presence says every other file is whole
         _fsync_dir(tmp)
         if final.exists():  # saving the same step again (e.g. at the end right after a periodic save)
             shutil.rmtree(final)
@@ -42,14 +47,30 @@ def save_checkpoint(run_dir, step: int, state: dict, keep_last: int) -> Path:
         _fsync_dir(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _prune(root, keep_last)
+    _prune(run_dir, keep_last)
     return final
 
 
-def latest_checkpoint(run_dir) -> Path | None:
-    """The newest complete checkpoint; temp dirs of interrupted saves are ignored."""
-    steps = _complete_checkpoints(checkpoint_dir(run_dir))
+def latest_checkpoint(run_dir, deep: bool = False) -> Path | None:
+    """The newest complete checkpoint (its manifest's sizes match; checksums too when deep); temp dirs of
+    interrupted saves are ignored."""
+    steps = _complete_checkpoints(run_dir, deep)
     return steps[-1][1] if steps else None
+
+
+def load_newest(run_dir) -> tuple[Path | None, dict | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that is complete (sizes and checksums) and loads, its state, and the newer ones passed
+    over with why: (None, None, [...]) when none is usable."""
+    unusable = []
+    for _, path in reversed(rundir.checkpoint_dirs(run_dir)):
+        problem = rundir.checkpoint_problem(path, deep=True)
+        if problem is None:
+            try:
+                return path, load_checkpoint(path), unusable
+            except (EOFError, RuntimeError, pickle.UnpicklingError) as exc:  # damaged although its manifest matches
+                problem = f"torch.load failed: {type(exc).__name__}: {_first_sentence(exc)}"
+        unusable.append((path, problem))
+    return None, None, unusable
 
 
 def load_checkpoint(path) -> dict:
@@ -59,7 +80,7 @@ def load_checkpoint(path) -> dict:
 
 def checkpoint_step(path) -> int:
     """The step number of a checkpoint directory (step_<N>)."""
-    return int(_STEP_DIR.match(Path(path).name).group(1))
+    return int(rundir.STEP_DIR.match(Path(path).name).group(1))
 
 
 def rng_state() -> dict:
@@ -86,25 +107,31 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        match = _STEP_DIR.match(entry.name)
-        if match and (entry / STATE_FILE).is_file():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
+def _complete_checkpoints(run_dir, deep: bool = False) -> list[tuple[int, Path]]:
+    """(step, path) of the checkpoints that match their manifests, oldest first."""
+    return rundir.valid_checkpoints(run_dir, deep)
 
 
-def _prune(root: Path, keep_last: int) -> None:
-    """Drop all but the newest keep_last checkpoints, and temp dirs that interrupted saves left behind."""
-    steps = _complete_checkpoints(root)
+def _prune(run_dir, keep_last: int) -> None:
+    """Keep the newest keep_last complete checkpoints (0: all). Only complete ones count, so damaged newer ones never
+    push the last good ones out; damaged ones older than the newest good one go, as do interrupted saves' temp dirs."""
+    valid = _complete_checkpoints(run_dir)
     if keep_last > 0:
-        for _, path in steps[:-keep_last]:
+        for _, path in valid[:-keep_last]:
             shutil.rmtree(path, ignore_errors=True)
-    for entry in root.glob(".tmp-step_*"):
+    if valid:
+        valid_paths = {path for _, path in valid}
+        for step, path in rundir.checkpoint_dirs(run_dir):
+            if step < valid[-1][0] and path not in valid_paths:
+                shutil.rmtree(path, ignore_errors=True)
+    for entry in checkpoint_dir(run_dir).glob(".tmp-step_*"):
         shutil.rmtree(entry, ignore_errors=True)
+
+
+def _first_sentence(exc: BaseException) -> str:
+    """The first sentence of an exception's text (torch's go on for a paragraph)."""
+    text = " ".join(str(exc).split())
+    return text.split(". ")[0][:200]
 
 
 def _fsync_dir(path: Path) -> None:

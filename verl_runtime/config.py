@@ -146,7 +146,7 @@ class TrainerConfig:
     total_training_steps: int | None = None  # stop earlier than num_epochs
     test_freq: int = -1  # validate every N steps (and at the end); -1: never
     val_before_train: bool = False
-    save_freq: int = -1  # checkpoint every N steps; checkpoints are also written at the end and on SIGTERM/SIGINT
+    save_freq: int = -1  # checkpoint every N steps; checkpoints are also written at the end and on SIGTERM/SIGINT/SIGHUP
     keep_last: int = 2  # checkpoints kept
     resume: str = "auto"  # auto: continue from the run directory's latest checkpoint | disable
     tensorboard: bool = False
@@ -356,6 +356,28 @@ def mini_batch_size(config: Config) -> int:
 
 def to_yaml(config: Config) -> str:
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+# Keys that differ between starts of one run by design: where it is, and whether it resumes.
+_NOT_A_CHANGE = ("trainer.run_dir", "trainer.resume")
+
+
+def diff_configs(old_yaml: str, new: Config) -> dict[str, list]:
+    """{dotted key: [old, new]} for each value that differs between a saved config.yaml and a config (a key missing
+    on one side counts as None there). An unreadable old file gives {}: there is nothing to compare with."""
+    try:
+        old = yaml.safe_load(old_yaml)
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(old, dict):
+        return {}
+    before, after = _flatten(old), _flatten(yaml.safe_load(to_yaml(new)))  # both as YAML reads them back
+    keys = list(after) + [key for key in before if key not in after]  # in the config's own order
+    return {
+        key: [before.get(key), after.get(key)]
+        for key in keys
+        if key not in _NOT_A_CHANGE and before.get(key) != after.get(key)
+    }
 
 
 # --- helpers -----------------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ class MetricsWriter:
     """Appends {"step": N, ...metrics} lines to run_dir/metrics.jsonl, flushed per step so `status` sees them live.
 
     truncate_after: on resume from a checkpoint at that step, drop the lines of later steps (written after the
-    checkpoint, before the interruption) so the file reads as one uninterrupted run.
+    checkpoint, before the interruption) so the file reads as one uninterrupted run. A torn last line (the process
+    died mid-write) is dropped in any case, so that the next record starts on a line of its own.
     """
 
     def __init__(self, run_dir, tensorboard: bool = False, truncate_after: int | None = None):
@@ -30,6 +31,8 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if truncate_after is not None and self.path.exists():
             _drop_steps_after(self.path, truncate_after)
+        elif self.path.exists():
+            _drop_torn_tail(self.path)
         self._file = open(self.path, "a", encoding="utf-8")
         self._tensorboard = None
         if tensorboard:
@@ -59,11 +62,13 @@ class MetricsWriter:
 
 
 def read_metrics(run_dir) -> list[dict]:
-    """The records of run_dir/metrics.jsonl (empty if there is none yet)."""
+    """The records of run_dir/metrics.jsonl (empty if there is none yet). Lines that are not whole JSON objects
+    (a torn last line while the trainer writes, or after a crash) are skipped."""
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = (_parse(line) for line in path.read_text(encoding="utf-8", errors="replace").splitlines())
+    return [record for record in records if record is not None]
 
 
 def format_console_line(step: int, total: int, metrics: dict) -> str:
@@ -98,9 +103,38 @@ def _plain(value):
     return value
 
 
+def _parse(line: str) -> dict | None:
+    """The record on one line, or None for a blank, torn or otherwise unreadable one."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def _drop_steps_after(path: Path, step: int) -> None:
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    """Rewrite path with its whole records of steps <= step (atomically: a crash now leaves the old file)."""
+    lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    records = [(line, _parse(line)) for line in lines]
+    torn = sum(record is None for _, record in records)
+    if torn:
+        _warn_torn(path, torn)
+    kept = [line for line, record in records if record is not None and record.get("step", 0) <= step]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line that has no newline (the process died mid-write) so the next record does not join it."""
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    _warn_torn(path, 1)
+    with open(path, "r+b") as handle:
+        handle.truncate(data.rfind(b"\n") + 1)
+
+
+def _warn_torn(path: Path, count: int) -> None:
+    lines = "a torn line" if count == 1 else f"{count} torn lines"
+    print(f"[WARN] {path} has {lines} (a crash mid-write?): dropped, the file keeps its complete records", flush=True)

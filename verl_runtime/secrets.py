@@ -33,9 +33,9 @@ def load_secret_files(environ=None) -> list[str]:
         try:
             if not path.is_file():
                 continue
-            value = path.read_text().strip()
-        except OSError:
-            continue  # unreadable (another uid's): the library then goes without, as with no secret at all
+            value = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            continue  # unreadable (another uid's, not text): the library then goes without, as with no secret at all
         if not value:
             continue
         found.append(name)

@@ -10,6 +10,8 @@ the loop is the same either way.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import json
 import signal
 import threading
 import time
@@ -17,8 +19,8 @@ import time
 import torch
 
 from verl_runtime.algorithms import apply_kl_penalty, compute_advantage, get_kl_controller, sequence_scores_to_token_level
-from verl_runtime.checkpoint import latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from verl_runtime.config import Config, mini_batch_size, to_yaml, validate
+from verl_runtime.checkpoint import latest_checkpoint, load_newest, rng_state, save_checkpoint, set_rng_state
+from verl_runtime.config import Config, diff_configs, mini_batch_size, to_yaml, validate
 from verl_runtime.controller import WorkerGroup
 from verl_runtime.controller.ray_backend import start_worker_groups, uses_ray
 from verl_runtime.data import Prompt, batch_indices, encode_prompts, load_rows, make_toy_rows, prompt_token_ids
@@ -83,6 +85,8 @@ class SingleControllerTrainer:
         cfg = self.config
         run_dir = cfg.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.trainer.resume == "auto":
+            report_config_changes(run_dir, cfg)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         train = self.load_prompts(cfg.data.train_files, "train")
         val = self.load_prompts(cfg.data.val_files, "val") if cfg.data.val_files else []
@@ -222,11 +226,14 @@ class SingleControllerTrainer:
         print(f"[INFO] Saved checkpoint {path}", flush=True)
 
     def resume(self, run_dir) -> int:
-        """Restore the latest checkpoint of run_dir, if any; the step to continue after (0: from the start)."""
-        path = latest_checkpoint(run_dir)
+        """Restore the newest usable checkpoint of run_dir, if any; the step to continue after (0: from the start).
+        Newer ones that are incomplete or damaged are passed over, one warning line each."""
+        path, state, unusable = load_newest(run_dir)
+        then = f"resuming from {path.name}" if path is not None else "starting from the beginning"
+        for bad, why in unusable:
+            print(f"[WARN] checkpoint {bad} is unusable ({why}): {then}", flush=True)
         if path is None:
             return 0
-        state = load_checkpoint(path)
         self.actor.load_state_dict(state["actor"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
@@ -278,6 +285,29 @@ class SingleControllerTrainer:
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
+
+
+CONFIG_CHANGES_FILE = "config-changes.jsonl"
+
+
+def report_config_changes(run_dir, config: Config) -> dict:
+    """Say which keys differ from the config the run last started with (run_dir/config.yaml), and append them to
+    run_dir/config-changes.jsonl: a resumed run may train on other settings than its checkpoints did."""
+    previous = run_dir / "config.yaml"
+    if not previous.is_file():
+        return {}
+    changes = diff_configs(previous.read_text(encoding="utf-8", errors="replace"), config)
+    for key, (old, new) in changes.items():
+        print(f"[INFO] config changed since the run's last start: {key}: {_shown(old)} -> {_shown(new)}", flush=True)
+    if changes:
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        with open(run_dir / CONFIG_CHANGES_FILE, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"time": now, "changes": changes}) + "\n")
+    return changes
+
+
+def _shown(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)  # YAML's spelling of null, true, lists
 
 
 def needs_reference(config: Config) -> bool:
@@ -384,6 +414,11 @@ def timer(name: str, timing: dict):
     timing[name] = time.perf_counter() - started
 
 
+# Signals that ask for a stop after the current step: a scheduler's SIGTERM, Ctrl-C, and SIGHUP (the terminal or
+# the ssh session that started the run went away: finish cleanly rather than die mid-step).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 class _StopRequest:
     signum: int | None = None
 
@@ -399,7 +434,7 @@ class _StopRequest:
 
 @contextlib.contextmanager
 def stop_requests():
-    """Turn the first SIGTERM/SIGINT into a request to stop after the current step (a second one acts at once)."""
+    """Turn the first STOP_SIGNALS signal into a request to stop after the current step (a second one acts at once)."""
     request = _StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield request
@@ -408,9 +443,12 @@ def stop_requests():
     def handle(signum, frame):
         request.signum = signum
         signal.signal(signum, previous[signum])
-        print(f"\n[INFO] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
+        # A signal that lands while the main thread writes to the same stream makes this nested write fail
+        # ("reentrant call"): the notice is then lost, the stop still happens.
+        with contextlib.suppress(RuntimeError):
+            print(f"\n[INFO] {signal.Signals(signum).name}: finishing this step, then saving a checkpoint", flush=True)
 
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
     try:
         yield request
     finally:

@@ -21,7 +21,7 @@ import torch
 
 from verl_runtime.config import Config
 from verl_runtime.controller.worker_group import BaseWorkerGroup
-from verl_runtime.errors import ConfigError, TrainingError
+from verl_runtime.errors import ConfigError, TrainingError, UserError
 from verl_runtime.seeding import seed_everything
 
 
@@ -225,7 +225,8 @@ class Pool:
             ) from None
         except RayTaskError as exc:
             self.close()
-            if isinstance(exc.cause, (TrainingError, ConfigError, torch.OutOfMemoryError)):
+            # A user's error (a reward function's, a model's, the config's) arrives as its one line, not Ray's trace.
+            if isinstance(exc.cause, (UserError, torch.OutOfMemoryError)):
                 raise exc.cause from None
             raise
 

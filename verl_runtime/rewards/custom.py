@@ -1,11 +1,14 @@
 """Load a user's reward function from ``path/to/file.py:function_name``.
 
-The function has verl's signature ``(data_source, solution_str, ground_truth, extra_info) -> float``.
-As in verl's ``custom_reward_function``, the name defaults to ``compute_score``.
+The function has verl's signature ``(data_source, solution_str, ground_truth, extra_info) -> float`` (or verl's
+``{"score": float, ...}``). As in verl's ``custom_reward_function``, the name defaults to ``compute_score``. What it
+raises or returns wrongly while training becomes one line naming the function and the sample's data source.
 """
 
 import hashlib
 import importlib.util
+import numbers
+import reprlib
 import sys
 import traceback
 from pathlib import Path
@@ -65,3 +68,29 @@ def _last_frame_in(path: Path, exc: BaseException) -> str:
     """'file, line N' of the innermost traceback frame inside the user's file."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
     return f"{path}, line {frames[-1].lineno}" if frames else str(path)
+
+
+# --- calling it ----------------------------------------------------------------------------------------------
+
+
+def call_error(spec: str, exc: Exception, data_source) -> RewardFunctionError:
+    """One line for an exception a user's reward function raised while scoring: where, what, on which sample."""
+    path, name = parse_spec(spec)
+    message = " ".join(str(exc).split())[:300]  # one line whatever the exception's text
+    return RewardFunctionError(
+        f"reward function {path}:{name} raised {type(exc).__name__}: {message} "
+        f"({_last_frame_in(path.resolve(), exc)}) on a sample of data_source {data_source}"
+    )
+
+
+def checked_score(spec: str, value, data_source) -> float:
+    """A user's reward function's result as a float: a number, or verl's dict with 'score'; else one line."""
+    score = value.get("score") if isinstance(value, dict) else value
+    if hasattr(score, "item") and getattr(score, "ndim", None) == 0:  # a 0-d tensor or NumPy array
+        score = score.item()
+    if isinstance(score, numbers.Real):
+        return float(score)
+    path, name = parse_spec(spec)
+    shown = "None" if value is None else f"{reprlib.repr(value)} ({type(value).__name__})"
+    raise RewardFunctionError(f"reward function {path}:{name} returned {shown} for a sample of data_source "
+                              f"{data_source}: it must return a float (or a dict with 'score')")
