@@ -1,6 +1,9 @@
 """compose.yaml validates with the Compose on this host (v2 plugin, or Debian's docker-compose v1); the CPU override
-runs a short training to completion, leaving metrics and a checkpoint in the host's run directory."""
+runs a short training to completion, leaving metrics and a checkpoint in the host's run directory, in a hardened
+container (no capabilities, read-only root, no new privileges, a process limit) that reads its secrets as files in
+/run/secrets and has none in its environment; as root with the defaults of .env.example too."""
 
+import json
 import os
 import re
 import shutil
@@ -10,10 +13,14 @@ import pytest
 import yaml
 from conftest import REPO, require
 
+from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR
+
 pytestmark = pytest.mark.docker
 
 CPU = ["-f", "compose.yaml", "-f", "compose.cpu.yaml"]
 PROJECT = f"verl-compose-test-{os.getpid()}"  # containers and network of one test session
+SECRET = "hf_compose_secret_value_77"
+TRAINER_UID = 1000  # .env.example's VERL_UID: what a root user keeps
 
 # Two GRPO steps on the built-in tiny model: what the quickstart does, only smaller.
 TINY_CONFIG = """\
@@ -42,22 +49,34 @@ def set_env(text: str, **values: str) -> str:
     return text
 
 
-@pytest.fixture
-def project(tmp_path):
-    """The compose files, a tiny config and a .env made from .env.example, as a user would set them up;
-    the run directory and the HF cache on temporary host paths owned by the container's user."""
-    uid, gid = os.getuid() or 1000, os.getgid() or 1000
+def write_secret(project, name: str, value: str, uid: int) -> None:
+    """A secret file as the docs say to write one: 0600, owned by the trainer's uid."""
+    path = project / ".secrets" / name
+    path.write_text(value)
+    path.chmod(0o600)
+    os.chown(path, uid, uid)
+
+
+def copy_checkout(tmp_path, **env: str):
+    """The compose files, .secrets/ as shipped, a tiny config and a .env made from .env.example, as a user sets
+    them up (the user's edits in env)."""
     for name in ("compose.yaml", "compose.cpu.yaml"):
         shutil.copy(REPO / name, tmp_path / name)
+    shutil.copytree(REPO / ".secrets", tmp_path / ".secrets", ignore=lambda _, names: [n for n in names if n in SECRET_ENV])
     (tmp_path / "tiny.yaml").write_text(TINY_CONFIG)
+    (tmp_path / ".env").write_text(set_env((REPO / ".env.example").read_text(), VERL_CONFIG="./tiny.yaml", **env))
+    return tmp_path
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A user's checkout; the run directory and the HF cache on temporary host paths owned by the container's user."""
+    uid, gid = os.getuid() or 1000, os.getgid() or 1000
     for name in ("runs", "hf-cache", "data"):
         (tmp_path / name).mkdir()
         os.chown(tmp_path / name, uid, gid)
-    env = set_env((REPO / ".env.example").read_text(), VERL_CONFIG="./tiny.yaml", VERL_RUN_ID="compose-cpu",
-                  VERL_RUNS=str(tmp_path / "runs"), VERL_HF_CACHE=str(tmp_path / "hf-cache"),
-                  VERL_UID=str(uid), VERL_GID=str(gid))
-    (tmp_path / ".env").write_text(env)
-    return tmp_path
+    return copy_checkout(tmp_path, VERL_RUN_ID="compose-cpu", VERL_RUNS=str(tmp_path / "runs"),
+                         VERL_HF_CACHE=str(tmp_path / "hf-cache"), VERL_UID=str(uid), VERL_GID=str(gid))
 
 
 def compose(project, *args, env=None, timeout=60) -> subprocess.CompletedProcess:
@@ -71,6 +90,16 @@ def config(project, *args) -> dict:
     return yaml.safe_load(out.stdout)["services"]
 
 
+def test_env_example_names_every_secret_and_sets_none():
+    text = (REPO / ".env.example").read_text()
+    assert all(name in text for name in SECRET_ENV)
+    assert not re.search(rf"^({'|'.join(SECRET_ENV)})=", text, flags=re.M)  # no secret goes through .env
+    assert "VERL_SECRETS_DIR=./.secrets" in text
+    ignored = subprocess.run(["git", "check-ignore", ".secrets/HF_TOKEN", ".secrets/README.md"], cwd=REPO,
+                             capture_output=True, text=True).stdout.split()
+    assert ignored == [".secrets/HF_TOKEN"]  # the folder ships (compose needs it), its secrets never do
+
+
 def test_compose_yaml_reserves_gpus_and_mounts_the_run_volumes(project):
     assert compose(project, "config", "-q").returncode == 0
     trainer = config(project)["trainer"]
@@ -80,6 +109,42 @@ def test_compose_yaml_reserves_gpus_and_mounts_the_run_volumes(project):
     assert {"/etc/verl-deploy/config.yaml", "/workspace/runs", "/cache/huggingface", "/data"} <= targets
     assert trainer["user"] != "0:0" and trainer["command"][0] == "train"
     assert "profiles" not in trainer  # `docker compose up` starts it
+
+
+def hardened(service: dict) -> None:
+    assert service["cap_drop"] == ["ALL"] and service["read_only"] is True
+    assert service["security_opt"] == ["no-new-privileges:true"] and int(service["pids_limit"]) > 0
+    assert service["tmpfs"] == ["/tmp:exec,mode=1777"]  # Triton dlopens what it compiles into /tmp
+
+
+def test_every_service_is_hardened_and_the_trainer_gets_secrets_as_files_only(project):
+    services = config(project, "--profile", "gpu", "--profile", "tensorboard", *CPU)
+    for service in services.values():
+        hardened(service)
+    prepare = services.pop("prepare")
+    assert prepare["user"] == "0:0" and prepare["network_mode"] == "none"
+    assert sorted(prepare["cap_add"]) == ["CHOWN", "DAC_OVERRIDE", "SETGID", "SETUID"]
+    for name in ("trainer", "trainer-cpu"):
+        trainer = services[name]
+        assert "env_file" not in trainer
+        environment = trainer["environment"]
+        names = list(environment) if isinstance(environment, dict) else [e.split("=")[0] for e in environment]
+        assert names and not set(names) & set(SECRET_ENV)
+        assert trainer["secrets"] == [{"source": "verl-deploy-secrets", "target": SECRETS_DIR}]
+        assert trainer["depends_on"] == {"prepare": {"condition": "service_completed_successfully"}}
+        cache = next(v for v in trainer["volumes"] if ":/cache/huggingface" in str(v))
+        assert not str(cache).endswith(":ro")  # models are downloaded into it
+
+
+def test_compose_config_shows_no_secret_value(project):
+    """A secret in the shell, in .env (where the old .env.example put it) and in the secrets folder: `config` prints
+    the folder's path, never a value."""
+    write_secret(project, "HF_TOKEN", SECRET, os.getuid() or 1000)
+    (project / ".env").write_text((project / ".env").read_text() + f"HF_TOKEN={SECRET}\nWANDB_API_KEY={SECRET}\n")
+    out = compose(project, *CPU, "--profile", "gpu", "config", env={"HF_TOKEN": SECRET})
+    assert out.returncode == 0, out.stderr
+    assert SECRET not in out.stdout + out.stderr
+    assert yaml.safe_load(out.stdout)["secrets"] == {"verl-deploy-secrets": {"file": str(project / ".secrets")}}
 
 
 def test_cpu_override_swaps_the_gpu_trainer_for_the_same_container_on_the_cpu(project):
@@ -92,17 +157,82 @@ def test_cpu_override_swaps_the_gpu_trainer_for_the_same_container_on_the_cpu(pr
     assert cpu["ulimits"]["stack"] == gpu["ulimits"]["stack"]
 
 
+def up_trainer(project, env, timeout=300) -> subprocess.CompletedProcess:
+    """The documented command: the trainer named, so that the end of the one-shot `prepare` stops nothing."""
+    return compose(project, *CPU, "up", "--exit-code-from", "trainer-cpu", "trainer-cpu", env=env, timeout=timeout)
+
+
+def down(project, env) -> None:
+    out = compose(project, *CPU, "down", "-v", "--remove-orphans", env=env)
+    assert out.returncode == 0, out.stderr
+
+
 @pytest.mark.slow
 def test_cpu_override_runs_to_completion(project, docker_client, cpu_image):
     env = {"VERL_IMAGE": cpu_image}
     try:
-        up = compose(project, *CPU, "up", "--exit-code-from", "trainer-cpu", env=env, timeout=300)
+        up = up_trainer(project, env)
     finally:
-        down = compose(project, *CPU, "down", "-v", "--remove-orphans", env=env)
+        down(project, env)
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]
     assert "Training finished at step 2" in up.stdout
     run_dir = project / "runs" / "compose-cpu"
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
     assert (run_dir / "checkpoints" / "step_2" / "state.pt").is_file()
-    assert down.returncode == 0, down.stderr
     assert docker_client.containers.list(all=True, filters={"label": f"com.docker.compose.project={PROJECT}"}) == []
+
+
+@pytest.mark.slow
+def test_root_with_the_defaults_trains_hardened_and_reads_its_secret_from_a_file(tmp_path, docker_client, cpu_image):
+    """`docker compose up` by root with .env.example as shipped (VERL_UID 1000, ./runs not there yet): `prepare`
+    hands the run directory and the new HF cache to uid 1000, the trainer trains; `docker inspect` shows the hardening
+    and no secret; the runtime finds HF_TOKEN as /run/secrets/HF_TOKEN."""
+    require(os.getuid() == 0, "needs root: the case of a root user's `docker compose up`")
+    project = copy_checkout(tmp_path, VERL_HF_CACHE=str(tmp_path / "hf-cache"))  # not ~root's cache
+    write_secret(project, "HF_TOKEN", SECRET, TRAINER_UID)
+    env = {"VERL_IMAGE": cpu_image, "HF_TOKEN": SECRET}  # in the caller's shell too: it must stay there
+    try:
+        up = up_trainer(project, env)
+        [container] = docker_client.containers.list(
+            all=True, filters={"label": [f"com.docker.compose.project={PROJECT}", "com.docker.compose.service=trainer-cpu"]})
+        inspect = container.attrs
+        read = compose(project, *CPU, "run", "-T", "--rm", "--no-deps", "--entrypoint", "python", "trainer-cpu", "-c",
+                       "import json, os; from verl_runtime.secrets import load_secret_files as load; "
+                       "print(json.dumps([load(), os.environ.get('HF_TOKEN_PATH'), 'HF_TOKEN' in os.environ]))",
+                       env=env, timeout=120)
+    finally:
+        down(project, env)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]
+    assert "Training finished at step 2" in up.stdout and SECRET not in up.stdout + up.stderr
+    run_dir = project / "runs" / "compose"
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+    assert run_dir.stat().st_uid == TRAINER_UID and (project / "hf-cache").stat().st_uid == TRAINER_UID
+    assert SECRET not in json.dumps(inspect["Config"]) and not any(e.split("=")[0] in SECRET_ENV for e in inspect["Config"]["Env"])
+    host = inspect["HostConfig"]
+    assert host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"] is True
+    assert host["SecurityOpt"] == ["no-new-privileges:true"] and host["PidsLimit"] == 8192
+    assert inspect["Config"]["User"] == f"{TRAINER_UID}:{TRAINER_UID}"
+    assert read.returncode == 0, read.stderr[-2000:]
+    assert json.loads(read.stdout.strip().splitlines()[-1]) == [["HF_TOKEN"], f"{SECRETS_DIR}/HF_TOKEN", False]
+
+
+@pytest.mark.slow
+def test_a_failed_start_or_a_failed_trainer_is_a_nonzero_exit(project, docker_client, cpu_image):
+    """A secret the trainer's uid cannot read (root's 0600 file) stops the start in `prepare`, with the reason in its
+    log; a trainer that fails makes `up --exit-code-from` fail."""
+    env = {"VERL_IMAGE": cpu_image}
+    as_root = os.getuid() == 0
+    try:
+        if as_root:
+            write_secret(project, "WANDB_API_KEY", SECRET, 0)
+            unreadable = up_trainer(project, env, timeout=120)
+            logs = compose(project, *CPU, "logs", "--no-color", "prepare", env=env)
+            (project / ".secrets" / "WANDB_API_KEY").unlink()
+        (project / "tiny.yaml").write_text("algorithm: {adv_estimator: no-such-estimator}\n")
+        failed = up_trainer(project, env, timeout=180)
+    finally:
+        down(project, env)
+    if as_root:
+        assert unreadable.returncode != 0 and "Training" not in unreadable.stdout
+        assert "cannot read the secret /run/secrets/WANDB_API_KEY: chown it to" in logs.stdout
+    assert failed.returncode != 0, failed.stdout[-2000:]

@@ -1,5 +1,6 @@
 """Doctor's Kubernetes checks: kubeconfig found or not, unreadable, an API that is down or hung, and what GPU
-Feature Discovery labels on a node say about the image variants."""
+Feature Discovery labels on a node say about the image variants; `run --target k8s` says the same of a bad
+kubeconfig in one line."""
 
 import json
 import socket
@@ -52,36 +53,64 @@ def test_k8s_flag_without_kubeconfig_fails():
     assert code == 1
 
 
-def test_garbage_kubeconfig_is_a_clear_finding(monkeypatch, tmp_path):
-    garbage = tmp_path / "kubeconfig"
-    garbage.write_text("{{{ this is : not a kubeconfig\n\x00")
-    monkeypatch.setenv("KUBECONFIG", str(garbage))
-    code, [finding] = k8s_findings()
-    assert finding["status"] == "fail"
-    assert finding["message"].startswith(f"kubeconfig {garbage} is not valid YAML")
-    assert "kubectl config view" in finding["remedy"]
+def junk(tmp_path, kind: str):
+    """A KUBECONFIG that is set but no kubeconfig, as real files (or their absence)."""
+    path = tmp_path / "kubeconfig"
+    if kind == "binary":
+        path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe\x00junk")
+    elif kind == "invalid yaml":
+        path.write_text("clusters: [unclosed\n")
+    elif kind == "a string":
+        path.write_text("just a string\n")
+    elif kind == "no current context":
+        path.write_text("apiVersion: v1\nkind: Config\n")
+    elif kind == "a directory":
+        path.mkdir()
+    return path
+
+
+JUNK = {
+    "binary": "binary data, not YAML text",
+    "invalid yaml": "not valid YAML, line 2: expected ',' or ']'",
+    "a string": "not a YAML mapping with clusters, users and contexts",
+    "no current context": "Invalid kube-config file. Expected key current-context",
+    "a directory": "cannot be read: is a directory",
+    "missing": "cannot be read: no such file or directory",
+}
+
+
+@pytest.mark.parametrize("kind", list(JUNK))
+def test_a_kubeconfig_that_is_not_one_is_one_finding_saying_so(monkeypatch, tmp_path, kind):
+    path = junk(tmp_path, kind)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    code, findings = k8s_findings("--k8s")
+    assert len(findings) == 1, findings
+    [finding] = findings
+    assert finding["name"] == "kubeconfig" and finding["status"] == "fail"
+    assert finding["message"].startswith(f"KUBECONFIG={path} is not a valid kubeconfig (")
+    assert JUNK[kind] in finding["message"] and finding["remedy"] == "fix or unset it"
     assert code == 1
 
 
-@pytest.mark.parametrize(
-    "text, says",
-    [
-        ("just a string\n", "is not a kubeconfig"),
-        ("apiVersion: v1\nkind: Config\n", "unreadable: Invalid kube-config file. Expected key current-context"),
-    ],
-)
-def test_kubeconfig_that_is_not_one_is_a_clear_finding(monkeypatch, tmp_path, text, says):
-    config = tmp_path / "kubeconfig"
-    config.write_text(text)
-    monkeypatch.setenv("KUBECONFIG", str(config))
-    _, [finding] = k8s_findings()
-    assert finding["name"] == "kubeconfig" and finding["status"] == "fail" and says in finding["message"]
+@pytest.mark.parametrize("kind", ["binary", "invalid yaml", "a directory", "missing"])
+def test_run_on_kubernetes_with_such_a_kubeconfig_is_one_line_and_exit_2(monkeypatch, tmp_path, kind):
+    from launch_support import QUICKSTART, cli
+
+    path = junk(tmp_path, kind)
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    result = cli("run", QUICKSTART, "--target", "k8s", "--image", "img:1", "--runs-dir", tmp_path / "runs")
+    assert result.exit_code == 2, result.output
+    [line] = result.output.splitlines()
+    assert line.startswith(f"error: KUBECONFIG={path} is not a valid kubeconfig (") and JUNK[kind] in line
+    assert line.endswith("): fix or unset it")
 
 
-def test_kubeconfig_env_naming_a_missing_file(monkeypatch, tmp_path):
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "nope"))
+def test_a_broken_default_kubeconfig_names_its_path(tmp_path):
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_bytes(b"\xff\xfe\x00")
     _, [finding] = k8s_findings()
-    assert finding["status"] == "fail" and finding["message"].endswith("nope cannot be read: no such file or directory")
+    assert finding["message"] == f"{tmp_path / '.kube' / 'config'} is not a valid kubeconfig (binary data, not YAML text)"
+    assert finding["remedy"] == "fix it or set KUBECONFIG to a valid one"
 
 
 def test_api_that_is_down_fails_with_the_reason(monkeypatch, tmp_path):

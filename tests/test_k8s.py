@@ -22,6 +22,7 @@ from verl_deploy.cli import app
 from verl_deploy.launchers import kustomize
 from verl_deploy.launchers.jobspec import LaunchError, build_spec
 from verl_deploy.launchers.k8s import Cluster, K8sLauncher, job_state, manifests, newest_pod, ray_job_state
+from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR
 
 pytestmark = pytest.mark.k8s
 K8S_VERSION = "1.30"
@@ -96,11 +97,8 @@ def test_dry_run_yaml_validates_and_keeps_secrets_out(flags, tmp_path):
     )
     for pod in pods:
         spec = pod["spec"]
-        assert spec["securityContext"]["runAsNonRoot"] is True
-        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert_hardened_pod(spec)
         main = spec["containers"][0]
-        assert main["securityContext"]["allowPrivilegeEscalation"] is False
-        assert main["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in spec["volumes"]
         if "--gpus" in flags:
             gpus = int(flags[flags.index("--gpus") + 1])
@@ -115,6 +113,70 @@ def test_dry_run_yaml_validates_and_keeps_secrets_out(flags, tmp_path):
         assert workload["spec"]["backoffLimit"] >= 1 and workload["spec"]["ttlSecondsAfterFinished"] > 0
     else:
         assert workload["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 2
+
+
+def assert_hardened_pod(spec: dict) -> None:
+    """Every container (init containers too) non-root on a read-only root with no capabilities, writing only to its
+    volumes (/tmp an emptyDir); credentials as the files of the optional Secret volume, readable by the pod's user
+    (uid 1000, group 1000 = fsGroup: the kubelet makes the files root:1000, and 0440 lets the group read them), never
+    in the environment; no service account token."""
+    context = spec["securityContext"]
+    assert context["runAsNonRoot"] is True and context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert context["runAsUser"] == 1000 and context["runAsGroup"] == context["fsGroup"] == 1000
+    assert spec["automountServiceAccountToken"] is False
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}}
+    assert volumes["secrets"]["secret"] == {
+        "secretName": "verl-deploy-secrets", "optional": True, "defaultMode": 0o440,
+        "items": [{"key": name, "path": name} for name in SECRET_ENV],
+    }
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    for container in spec["containers"] + spec.get("initContainers", []):
+        security = container["securityContext"]
+        assert security == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                            "seccompProfile": {"type": "RuntimeDefault"}}
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        assert mounts[SECRETS_DIR] == {"name": "secrets", "mountPath": SECRETS_DIR, "readOnly": True}
+        assert mounts["/tmp"]["name"] == "tmp"
+        assert all("valueFrom" not in e and e["name"] not in SECRET_ENV for e in container["env"])
+
+
+@pytest.mark.parametrize("overlay", list(kustomize.OVERLAYS))
+def test_overlay_pods_are_hardened_and_name_the_secret_without_values(overlay):
+    workload = [o for o in kubectl_kustomize(overlay) if o["kind"] in ("Job", "RayJob")][0]
+    if workload["kind"] == "Job":
+        pods = [workload["spec"]["template"]["spec"]]
+    else:
+        cluster = workload["spec"]["rayClusterSpec"]
+        pods = [cluster["headGroupSpec"]["template"]["spec"], cluster["workerGroupSpecs"][0]["template"]["spec"]]
+    for pod in pods:
+        assert_hardened_pod(pod)
+    assert "kind: Secret" not in "".join(p.read_text() for p in (REPO / "k8s").rglob("*.yaml"))
+
+
+def test_the_suggested_create_secret_command_keeps_the_value_off_the_command_line(tmp_path):
+    """The dry run's `kubectl create secret` line, run by bash with the token in the environment only, makes the
+    Secret holding the value (kubectl's client-side dry run: no cluster) while the line itself names variables."""
+    require(shutil.which("kubectl") is not None, "kubectl not installed (.ci/services.sh installs it)")
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  path: builtin:tiny\n")
+    env = {"HF_TOKEN": SECRET, "WANDB_API_KEY": SECRET + "-w"}
+    result = CliRunner().invoke(app, ["run", str(config), "--target", "k8s", "--dry-run", "--image", "img:1",
+                                      "--namespace", "team-a"], env=env)
+    assert result.exit_code == 0, result.output
+    [line] = [line for line in result.stdout.splitlines() if "kubectl create secret" in line]
+    command = line[line.index("kubectl create secret"):]
+    assert SECRET not in command and "--from-literal" not in command
+    import base64
+    import os
+
+    out = subprocess.run(["bash", "-c", command + " --dry-run=client -o json"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, **env})
+    assert out.returncode == 0, out.stderr
+    made = json.loads(out.stdout)
+    assert made["metadata"] == {"name": "verl-deploy-secrets", "namespace": "team-a", "creationTimestamp": None}
+    assert {k: base64.b64decode(v).decode() for k, v in made["data"].items()} == env  # no newline added
 
 
 # --- the cluster-facing code, with the kubernetes client's own models ----------------------------------------
@@ -206,6 +268,7 @@ def test_launch_server_side_applies_secret_config_volume_and_job(api_client, tmp
     secret_body = FakeApiServer.requests[0][2]
     assert secret_body["stringData"] == {"HF_TOKEN": SECRET}
     assert all(SECRET not in json.dumps(body) for _, _, body in FakeApiServer.requests[1:])
+    assert "secretKeyRef" not in json.dumps(FakeApiServer.requests[-1][2])  # the Job reads it as a file
     assert SECRET not in (tmp_path / "r1" / "launch.json").read_text()
 
 
@@ -287,7 +350,7 @@ def test_the_readme_gsm8k_job_finds_its_files_on_the_data_claim():
     assert all(p.startswith("/data/") for p in (paths["data"]["train_files"], paths["data"]["val_files"], paths["model"]["path"]))
     [fetch] = pod["initContainers"]
     assert fetch["args"] == ["fetch", "/etc/verl-deploy/config.yaml"]
-    assert {m["name"] for m in fetch["volumeMounts"]} == {"config", "cache"}
+    assert {m["name"] for m in fetch["volumeMounts"]} == {"config", "secrets", "cache", "tmp"}  # a gated model's token
     assert fetch["securityContext"] == trainer["securityContext"]
 
 

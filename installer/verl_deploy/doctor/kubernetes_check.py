@@ -12,7 +12,6 @@ from verl_deploy.doctor.core import Context, Finding, call_with_timeout, describ
 
 AREA = "kubernetes"
 GPU_RESOURCE = "nvidia.com/gpu"
-FIX_KUBECONFIG = "fix it (`kubectl config view` shows what is wrong) or point KUBECONFIG at a valid one"
 INSTALL_GPU_OPERATOR = "install the NVIDIA GPU Operator (device plugin and GPU Feature Discovery)"
 
 
@@ -25,6 +24,30 @@ def kubeconfig_paths() -> list[Path]:
     return [default] if default.exists() else []
 
 
+def invalid_kubeconfig(paths: list[Path], reason: str) -> tuple[str, str]:
+    """(message, remedy) for a kubeconfig that cannot be used: doctor's finding, and `run --target k8s`'s error
+    as '<message>: <remedy>'."""
+    if os.environ.get("KUBECONFIG"):
+        return f"KUBECONFIG={os.environ['KUBECONFIG']} is not a valid kubeconfig ({reason})", "fix or unset it"
+    return f"{paths[0]} is not a valid kubeconfig ({reason})", "fix it or set KUBECONFIG to a valid one"
+
+
+def kubeconfig_error(paths: list[Path]) -> tuple[str, str] | None:
+    """Why the kubeconfig files cannot be used (their text, then the kubernetes client's loader), or None."""
+    for path in paths:
+        if problem := kubeconfig_problem(path):
+            return invalid_kubeconfig(paths, problem if len(paths) == 1 else f"{path}: {problem}")
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        return None  # the text is sound; the client's absence is a finding (and an error) of its own
+    try:
+        config.load_kube_config(config_file=os.pathsep.join(map(str, paths)), client_configuration=client.Configuration())
+    except Exception as exc:  # the loader raises ConfigException, YAML, key and type errors alike
+        return invalid_kubeconfig(paths, describe_error(exc))
+    return None
+
+
 def check(ctx: Context) -> list[Finding]:
     paths = kubeconfig_paths()
     if not paths:
@@ -32,23 +55,17 @@ def check(ctx: Context) -> list[Finding]:
             return [Finding(AREA, "kubeconfig", "fail", "--k8s given but no kubeconfig found",
                             "set KUBECONFIG or create ~/.kube/config (your cluster's admin or CLI gives one)")]
         return [Finding(AREA, "cluster", "skip", "no kubeconfig: not checked", "pass --k8s to check a cluster")]
-    problems = [(path, problem) for path in paths if (problem := kubeconfig_problem(path))]
-    if problems:
-        path, problem = problems[0]
-        return [Finding(AREA, "kubeconfig", "fail", f"kubeconfig {path} {problem}", FIX_KUBECONFIG)]
+    if error := kubeconfig_error(paths):
+        return [Finding(AREA, "kubeconfig", "fail", *error)]
     try:
         from kubernetes import client, config
     except ImportError:
         return [Finding(AREA, "client", "warn", "the kubernetes client is not installed",
                         "installer/install.sh --extras k8s")]
     config_file = os.pathsep.join(str(p) for p in paths)
-    try:
-        _contexts, active = config.list_kube_config_contexts(config_file=config_file)
-        configuration = client.Configuration()
-        config.load_kube_config(config_file=config_file, client_configuration=configuration)
-    except Exception as exc:  # the loader raises ConfigException, YAML, key and type errors alike
-        return [Finding(AREA, "kubeconfig", "fail", f"kubeconfig {config_file} unreadable: {describe_error(exc)}",
-                        FIX_KUBECONFIG)]
+    _contexts, active = config.list_kube_config_contexts(config_file=config_file)
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=config_file, client_configuration=configuration)
     configuration.retries = 0  # one try within the timeout: an unreachable API must not stall doctor
     findings = [Finding(AREA, "context", "ok", f"{active['name']} ({configuration.host})")]
     api = client.CoreV1Api(client.ApiClient(configuration))
@@ -76,15 +93,17 @@ def kubeconfig_problem(path: Path) -> str | None:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
     except OSError as exc:
         return f"cannot be read: {describe_error(exc)}"
+    except UnicodeDecodeError:
+        return "binary data, not YAML text"
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        return f"is not valid YAML{where}: {getattr(exc, 'problem', None) or describe_error(exc)}"
+        where = f", line {mark.line + 1}" if mark else ""
+        return f"not valid YAML{where}: {getattr(exc, 'problem', None) or describe_error(exc)}"
     if not isinstance(data, dict):
-        return "is not a kubeconfig (a YAML mapping with clusters, users and contexts)"
+        return "not a YAML mapping with clusters, users and contexts"
     return None
 
 

@@ -7,6 +7,7 @@ k8s/ are rendered from it (tests/test_k8s.py keeps them equal), so the two canno
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Iterator
@@ -21,6 +22,7 @@ from verl_deploy.launchers.jobspec import (
     RUN_ID_LABEL,
     RUNS_DIR,
     SECRET_ENV,
+    SECRETS_DIR,
     JobSpec,
     LaunchError,
 )
@@ -36,6 +38,9 @@ BACKOFF_LIMIT = 2  # a retried pod resumes from the last checkpoint (trainer.res
 TTL_AFTER_FINISHED_S = 7 * 24 * 3600
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 NONROOT_ID = 1000
+# Secret files are root-owned in the volume; with the pod's fsGroup the kubelet gives them that group and g+r anyway
+# (0400 would become 0440): say so, so the manifest shows what the pod's uid 1000 (group 1000) really gets.
+SECRET_FILE_MODE = 0o440
 
 
 def k8s_quantity(size: str) -> str:
@@ -75,12 +80,18 @@ def _node_affinity(spec: JobSpec) -> dict:
 
 
 def _env(spec: JobSpec) -> list[dict]:
-    env = [{"name": key, "value": value} for key, value in spec.container_env.items()]
-    env += [
-        {"name": name, "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": name, "optional": True}}}
-        for name in SECRET_ENV
-    ]
-    return env
+    """Settings only: credentials are files in SECRETS_DIR (the secrets volume), never environment variables."""
+    return [{"name": key, "value": value} for key, value in spec.container_env.items()]
+
+
+def secrets_volume() -> dict:
+    """Secret SECRET_NAME as one file per credential in SECRETS_DIR. Optional, and so is each item: a missing Secret
+    or a name it lacks is no file (the kubelet skips absent keys of an optional Secret), so the k8s/ tree and every
+    run list all of SECRET_ENV and the files are exactly the names the Secret holds."""
+    return {"name": "secrets", "secret": {
+        "secretName": SECRET_NAME, "optional": True, "defaultMode": SECRET_FILE_MODE,
+        "items": [{"key": name, "path": name} for name in SECRET_ENV],
+    }}
 
 
 def _resources(spec: JobSpec) -> dict:
@@ -105,13 +116,16 @@ def container(spec: JobSpec, name: str = "trainer", args: list[str] | None = Non
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,  # writes go to the volumes below: /tmp, /dev/shm, runs, cache
             "runAsNonRoot": True,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "secrets", "mountPath": SECRETS_DIR, "readOnly": True},
             {"name": "runs", "mountPath": RUNS_DIR},
             {"name": "cache", "mountPath": CACHE_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
             {"name": "dshm", "mountPath": "/dev/shm"},
         ] + ([{"name": "data", "mountPath": DATA_DIR, "readOnly": True}] if spec.data_claim else []),
     }
@@ -125,7 +139,7 @@ def fetch_container(spec: JobSpec) -> dict:
     the workers) start: one download, not one per pod."""
     body = container(spec, "fetch-models", ["fetch", CONFIG_FILE, *[a for o in spec.overrides for a in ("--set", o)]])
     body["resources"] = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}}
-    body["volumeMounts"] = [m for m in body["volumeMounts"] if m["name"] in ("config", "cache")]
+    body["volumeMounts"] = [m for m in body["volumeMounts"] if m["name"] in ("config", "secrets", "cache", "tmp")]
     return body
 
 
@@ -143,13 +157,19 @@ def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never", fe
             "fsGroup": NONROOT_ID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
+        # The trainer does not talk to the API server; no token in the pod (and none mounted at
+        # /var/run/secrets/kubernetes.io, inside SECRETS_DIR where /var/run is /run).
+        "automountServiceAccountToken": False,
         "containers": [main],
         "volumes": [
             {"name": "config", "configMap": {"name": f"{spec.run_id}-config"}},
+            secrets_volume(),
             {"name": "runs", "persistentVolumeClaim": {"claimName": f"{spec.run_id}-runs"}},
             {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim(spec)}},
             # PyTorch workers and NCCL exchange tensors through /dev/shm; the default 64 MB is far too small.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s_quantity(spec.shm_size)}},
+            # HOME=/tmp: Triton, torch.compile, vLLM and Ray write their caches and sessions there (the root is read-only).
+            {"name": "tmp", "emptyDir": {}},
         ] + ([{"name": "data", "persistentVolumeClaim": {"claimName": spec.data_claim, "readOnly": True}}]
              if spec.data_claim else []),
     }
@@ -285,6 +305,13 @@ def secret(spec: JobSpec, environ: dict[str, str]) -> dict | None:
     }
 
 
+def create_secret_command(names, namespace: str) -> str:
+    """kubectl reading each value from the caller's environment through a process substitution: the command line
+    (shell history, `ps`) holds variable names only, and printf (a shell builtin) adds no newline."""
+    files = " ".join(f'--from-file={name}=<(printf %s "${name}")' for name in names)
+    return f"kubectl create secret generic {SECRET_NAME} -n {namespace} {files}"
+
+
 # --- talking to a cluster --------------------------------------------------------------------------------------
 
 
@@ -329,6 +356,28 @@ def newest_pod(pods) -> object | None:
     return max(items, key=lambda p: p.metadata.creation_timestamp) if items else None
 
 
+def load_client_config() -> None:
+    """The kubeconfig (KUBECONFIG, else ~/.kube/config), else the pod's service account; a kubeconfig that is there
+    but unusable is one line saying so (doctor's finding), not 'no cluster configured'."""
+    from kubernetes import config
+
+    from verl_deploy.doctor.kubernetes_check import kubeconfig_error, kubeconfig_paths
+
+    paths = kubeconfig_paths()
+    if paths:
+        if error := kubeconfig_error(paths):
+            raise LaunchError("{}: {}".format(*error))
+        config.load_kube_config(config_file=os.pathsep.join(map(str, paths)))
+        return
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        raise LaunchError(
+            "no Kubernetes cluster configured: set KUBECONFIG or run inside a cluster; "
+            "`--dry-run` prints the manifests without one"
+        ) from None
+
+
 class Cluster:
     """The few API calls the launcher makes, on a configured kubernetes ApiClient."""
 
@@ -336,16 +385,7 @@ class Cluster:
         from kubernetes import client, config
 
         if api_client is None:
-            try:
-                config.load_kube_config()
-            except Exception:
-                try:
-                    config.load_incluster_config()
-                except Exception:
-                    raise LaunchError(
-                        "no Kubernetes cluster configured: set KUBECONFIG or run inside a cluster; "
-                        "`--dry-run` prints the manifests without one"
-                    ) from None
+            load_client_config()
             api_client = client.ApiClient()
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
@@ -405,14 +445,12 @@ class K8sLauncher:
         header = f"# verl-deploy run {spec.run_id}: kubectl apply -f - (server-side: --server-side)\n"
         if spec.secrets:
             header += (
-                f"# {', '.join(spec.secrets)} come from Secret {SECRET_NAME} (not shown): kubectl create secret generic "
-                f"{SECRET_NAME} -n {spec.namespace} " + " ".join(f"--from-literal={n}=..." for n in spec.secrets) + "\n"
+                f"# {', '.join(spec.secrets)}: files in {SECRETS_DIR} from Secret {SECRET_NAME} (not shown); "
+                f"create it (bash/zsh, no value in history): {create_secret_command(spec.secrets, spec.namespace)}\n"
             )
         return header + to_yaml(manifests(spec))
 
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
-        import os
-
         self.cluster.check_namespace(spec.namespace)
         credentials = secret(spec, dict(os.environ))
         for obj in ([credentials] if credentials else []) + manifests(spec):

@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 from verl_deploy.launchers import CLUSTER_GPU_VARIANT, default_image
-from verl_deploy.launchers.jobspec import JobSpec, build_spec
-from verl_deploy.launchers.k8s import cache_volume, config_map, job, ray_job, run_volume
+from verl_deploy.launchers.jobspec import SECRET_ENV, SECRETS_DIR, JobSpec, build_spec
+from verl_deploy.launchers.k8s import SECRET_NAME, cache_volume, config_map, create_secret_command, job, ray_job, run_volume
 
 RUN_ID = "verl-train"
 K8S_DIR = Path(__file__).resolve().parents[3] / "k8s"
@@ -27,6 +27,15 @@ HEADER = (
     "# `verl-deploy run --target k8s`; customise in an overlay of your own (images:, namespace:, patches:).\n"
 )
 
+# On the workload: where credentials come from (the Secret is optional; without it public models still train).
+SECRET_NOTE = (
+    f"# Credentials ({', '.join(SECRET_ENV)}): files in {SECRETS_DIR} (mode 0440, `defaultMode: 288`)\n"
+    f"# from the optional Secret {SECRET_NAME}. From a folder of files named after them (compose's .secrets/):\n"
+    f"#   kubectl create secret generic {SECRET_NAME} -n NAMESPACE --from-file=.secrets/\n"
+    f"# or from your environment (bash/zsh; no value in shell history or `ps`):\n"
+    f"#   {create_secret_command(['HF_TOKEN'], 'NAMESPACE')}\n"
+)
+
 
 def overlay_spec(overlay: str, config: Path = BASE_CONFIG) -> JobSpec:
     """The JobSpec an overlay stands for; `verl-deploy run` with the same flags renders the same objects."""
@@ -36,8 +45,8 @@ def overlay_spec(overlay: str, config: Path = BASE_CONFIG) -> JobSpec:
     )
 
 
-def _dump(obj: dict) -> str:
-    return HEADER + yaml.safe_dump(obj, sort_keys=False)
+def _dump(obj: dict, note: str = "") -> str:
+    return HEADER + note + yaml.safe_dump(obj, sort_keys=False)
 
 
 def files(config: Path = BASE_CONFIG) -> dict[str, str]:
@@ -66,7 +75,7 @@ def files(config: Path = BASE_CONFIG) -> dict[str, str]:
         })
         tree[f"overlays/{overlay}/pvc.yaml"] = _dump(run_volume(spec))
         tree[f"overlays/{overlay}/cache-pvc.yaml"] = _dump(cache_volume(spec))
-        tree[f"overlays/{overlay}/{workload_file}"] = _dump(workload)
+        tree[f"overlays/{overlay}/{workload_file}"] = _dump(workload, SECRET_NOTE)
     return tree
 
 
