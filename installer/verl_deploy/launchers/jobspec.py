@@ -23,7 +23,6 @@ CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
 RUNS_DIR = "/workspace/runs"
 CACHE_DIR = "/cache/huggingface"
 DATA_DIR = "/data"
-REWARD_DIR = f"{CONFIG_DIR}/reward"  # the config's reward function file, when it is on the caller's host
 
 
 # Hub settings that travel from the caller's environment into the run (not secrets): a mirror, offline mode.
@@ -104,7 +103,7 @@ class JobSpec:
     world_size: int | None = None  # trainer workers, one per GPU: --gpus x --nodes (None: the runtime decides)
     hf_cache: Path | None = None
     data_dir: Path | None = None
-    reward_file: Path | None = None  # reward.function's file on the host, mounted read-only at REWARD_DIR
+    reward_file: Path | None = None  # reward.function's file on the host, read-only beside the config in the container
     reward_name: str = ""  # the function in it ("": verl's default, compute_score)
     # Kubernetes: PersistentVolumeClaims for the data (read-only at /data) and the Hugging Face cache (None: the
     # namespace's shared one, which the launcher creates), and the storage class of the claims it creates.
@@ -148,7 +147,7 @@ class JobSpec:
 
     @property
     def container_reward_file(self) -> str:
-        return f"{REWARD_DIR}/{self.reward_file.name}"
+        return f"{CONFIG_DIR}/{self.reward_file.name}"  # one file: what it imports must be in the image
 
     @property
     def container_env(self) -> dict[str, str]:
@@ -230,7 +229,7 @@ def check_config(path: Path, overrides: tuple[str, ...], gpus: Gpus, nodes: int)
 
 def host_reward_file(function: str | None) -> tuple[Path | None, str]:
     """The host file of reward.function ("path/to/file.py[:name]") when it is one, and the function's name: a
-    container sees it only if it is mounted (the launchers put it at REWARD_DIR)."""
+    container sees it only if it is mounted (the launchers put it beside the config, at container_reward_file)."""
     if not function:
         return None, ""
     path, sep, name = function.rpartition(":")

@@ -192,7 +192,9 @@ def config_map(spec: JobSpec) -> dict:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(spec, f"{spec.run_id}-config"),
-        "data": {"config.yaml": spec.config_text},
+        # The reward function's file beside the config (the container's reward.function points there).
+        "data": {"config.yaml": spec.config_text,
+                 **({spec.reward_file.name: spec.reward_file.read_text()} if spec.reward_file else {})},
     }
 
 
@@ -455,8 +457,7 @@ class K8sLauncher:
         credentials = secret(spec, dict(os.environ))
         for obj in ([credentials] if credentials else []) + manifests(spec):
             self.cluster.apply(obj)
-        runs.write_record(spec.run_dir, {"run_id": spec.run_id, "target": self.target, "image": spec.image,
-                                         "namespace": spec.namespace, "nodes": spec.nodes})
+        runs.write_record(spec.run_dir, {**spec.record(), "target": self.target})
         if detach:
             return 0
         for text in self.logs(spec.run_id, follow=True):
