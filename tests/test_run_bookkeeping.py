@@ -168,3 +168,24 @@ def test_ctrl_c_while_the_cli_is_still_importing_is_one_line():
     assert done.returncode == 130
     assert "Traceback" not in done.stderr
     assert done.stderr.strip() == "interrupted"
+
+
+@pytest.mark.slow
+def test_a_truncated_newest_checkpoint_is_flagged_by_status_and_passed_over_by_resume(tmp_path):
+    run_dir = tmp_path / "torn"
+    first = cli("run", QUICKSTART, "--target", "local", "--runs-dir", tmp_path, "--run-id", "torn",
+                "--set", "trainer.total_training_steps=2", "--set", "trainer.save_freq=1", "--set", "trainer.keep_last=2",
+                *SHORT)
+    assert first.exit_code == 0, first.output
+    state = run_dir / "checkpoints" / "step_2" / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a disk that filled up mid-copy
+
+    status = cli("status", "torn", "--runs-dir", tmp_path)
+    assert "checkpoints: step_1\n" in status.output
+    assert "warning: checkpoint step_2 is unusable (state.pt is" in status.output
+
+    resumed = cli("run", "--resume", "torn", "--runs-dir", tmp_path, "--set", "trainer.total_training_steps=3")
+    assert resumed.exit_code == 0, resumed.output
+    assert "Traceback" not in (run_dir / "console.log").read_text()
+    assert "resuming from step_1" in (run_dir / "console.log").read_text()
+    assert metrics_steps(run_dir) == [1, 2, 3], "step 2 is trained again from step 1's checkpoint, once"

@@ -189,6 +189,8 @@ def status(
     typer.echo(f"  run dir: {found.run_dir}")
     if found.checkpoints:
         typer.echo(f"  checkpoints: {', '.join(found.checkpoints)}")
+    for name, why in found.unusable_checkpoints.items():
+        typer.echo(f"  warning: checkpoint {name} is unusable ({why}): a resume passes over it")
     if found.detail:
         typer.echo(f"  {found.detail}")
 
