@@ -1,5 +1,6 @@
 """`verl-deploy run --target docker` against the real engine: training to completion in the cpu image, a killed
-container resumed, Ctrl-C leaving a checkpoint, and bad input failing in one line with nothing left behind."""
+container resumed, Ctrl-C leaving a checkpoint, and bad input failing in one line with nothing left behind.
+More faults (secrets, hardening, out of memory, an unreachable engine, Ctrl-C before the start): test_docker_faults."""
 
 import json
 import os
@@ -40,16 +41,14 @@ def test_quickstart_trains_in_a_container_to_completion(tmp_path, cpu_image, doc
     run_dir = runs / "dock-2"
     assert metrics_steps(run_dir) == [1, 2]
     assert (run_dir / "checkpoints" / "step_2").is_dir()
-    expected_uid = os.getuid() or 1000  # the caller's files; a root caller's runs belong to the image's user
-    assert (run_dir / "metrics.jsonl").stat().st_uid == expected_uid
-
-    [container] = containers(docker_client, "dock-2")
-    assert container.status == "exited" and container.attrs["Config"]["User"] == f"{expected_uid}:{os.getgid() or 1000}"
+    # The caller's files, a root caller's too (its container ran as 1000 and handed the run directory back).
+    assert (run_dir / "metrics.jsonl").stat().st_uid == os.getuid()
+    assert not containers(docker_client, "dock-2"), "its end is recorded in the run directory, its container gone"
     status = cli("status", "dock-2", "--runs-dir", runs)
     assert status.output.startswith("dock-2  docker  succeeded (exit 0)  step 2 · reward "), status.output
     assert "step 2/2" in cli("logs", "dock-2", "--runs-dir", runs).output
-    listed = json.loads(cli("runs", "--target", "docker", "--json").output)
-    assert "dock-2" in [r["run_id"] for r in listed]
+    listed = json.loads(cli("runs", "--target", "docker", "--runs-dir", runs, "--json").output)
+    assert [r["run_id"] for r in listed] == ["dock-2"]
 
 
 @pytest.mark.slow
@@ -87,9 +86,9 @@ def test_ctrl_c_leaves_a_checkpoint_and_nothing_running(tmp_path, cpu_image, doc
         output, _ = cli_process.communicate(timeout=180)
     finally:
         cli_process.kill()
-    [container] = containers(docker_client, "dock-int")
-    assert container.status == "exited"
-    assert cli_process.returncode == container.attrs["State"]["ExitCode"], output
+    assert not containers(docker_client, "dock-int")
+    recorded = json.loads(cli("status", "dock-int", "--runs-dir", runs, "--json").output)
+    assert recorded["state"] == "stopped" and cli_process.returncode == recorded["exit_code"], output
     last = metrics_steps(run_dir)[-1]
     assert (run_dir / "checkpoints" / f"step_{last}").is_dir(), output
 

@@ -1,4 +1,9 @@
-"""JobSpec -> one Docker container, through the docker SDK (the dry run prints the equivalent `docker run`)."""
+"""JobSpec -> Docker containers, through the docker SDK. The dry run prints the `docker run` lines of the very
+option dicts the launcher passes to `client.containers.create` (container_options -> docker_run_args).
+
+The run directory is the run's memory: launch.json says what was launched and, once the trainer's container has
+exited, how it ended; then the run's containers, network and secrets go. The engine is asked only for live state.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +13,36 @@ import shutil
 import signal
 import sys
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
 from verl_deploy import runs
-from verl_deploy.launchers.jobspec import RUN_ID_LABEL, JobSpec, LaunchError
+from verl_deploy.launchers.jobspec import MANAGED_LABEL, RUN_ID_LABEL, RUNS_DIR, SECRETS_DIR, JobSpec, LaunchError
 from verl_deploy.runs import RunStatus
+from verl_runtime import rundir
 
 # NVIDIA's recommendation for PyTorch containers: pinned memory without limit, a 64 MB stack.
 ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864)}
 STOP_GRACE_S = 120  # time the runtime gets to write its checkpoint after SIGTERM
+# The limit counts threads, not processes: torch starts one per core per pool, Ray a worker process per CPU plus
+# its raylet/GCS threads, vLLM engine processes dozens each; on a 100+ core node that is thousands. 16384 leaves
+# room for all of it and still stops a runaway fork loop long before it starves the host.
+PIDS_LIMIT = 16384
+# A read-only root: the trainer writes only to its mounts and to /tmp (HOME=/tmp). exec: Triton and inductor
+# compile .so files there and dlopen them.
+TMPFS = {"/tmp": "rw,exec,nosuid,nodev,mode=1777"}
+CREATED_GRACE_S = 120  # a container still `created` after this was left by an interrupted launch, not starting
+TRAIN_LOG = "train.log"  # the runtime tees its console into the run directory
 
-
-ROLE_LABEL = "verl-deploy.role"
+ROLE_LABEL = "verl-deploy.role"  # set by this launcher only: what it may record and remove (compose's are not)
 RAY_PORT = 6379
+
+
+class LaunchInterrupted(LaunchError):
+    """Ctrl-C before the run started; everything the launch had made is removed. The CLI exits with exit_code."""
+
+    exit_code = 130
 
 
 @dataclass(frozen=True)
@@ -58,56 +79,96 @@ def plans(spec: JobSpec) -> list[Plan]:
     return [*workers, Plan(head, "ray-head", [start_head], shell=True)]
 
 
-def docker_run_args(spec: JobSpec, plan: Plan | None = None, detach: bool = False) -> list[str]:
-    """The `docker run` command line equivalent to what launch() creates. Secrets appear by name only
-    (`-e HF_TOKEN` makes docker read the value from the caller's environment)."""
-    plan = plan or plans(spec)[-1]
-    args = ["docker", "run"] + (["--detach"] if detach else []) + ["--name", plan.name, "--init"]
-    for key, value in {**spec.labels, ROLE_LABEL: plan.role}.items():
-        args += ["--label", f"{key}={value}"]
-    if spec.nodes > 1:
-        args += ["--network", network_name(spec)]
-    args += ["--user", spec.user]
-    if spec.gpus.wanted:
-        gpus = str(spec.gpus)
-        args += ["--gpus", f'"{gpus}"' if "," in gpus else gpus]
-    args += ["--ipc", "host"] if spec.ipc_host else ["--shm-size", spec.shm_size]
-    for name, (soft, hard) in ULIMITS.items():
-        args += ["--ulimit", f"{name}={soft}" if soft == hard else f"{name}={soft}:{hard}"]
-    if spec.cpus:
-        args += ["--cpus", str(spec.cpus)]
-    if spec.memory:
-        args += ["--memory", spec.memory]
-    for mount in spec.mounts:
-        args += ["-v", f"{mount.source}:{mount.target}" + (":ro" if mount.read_only else "")]
-    for key, value in spec.container_env.items():
-        args += ["-e", f"{key}={value}"]
+# --- secrets: one file each, on the host outside the run directory, mounted read-only at SECRETS_DIR --------------
+
+def secrets_dir(run_id: str, environ=None) -> Path:
+    """Where a run's secret files live on the host: a pure function of the run id and the environment, so that the
+    dry run shows the same mount. $XDG_RUNTIME_DIR is a per-user tmpfs (the values never reach a disk)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("XDG_RUNTIME_DIR"):
+        base = Path(environ["XDG_RUNTIME_DIR"])
+    else:
+        base = Path(environ.get("HOME") or Path.home()) / ".cache"
+    return base / "verl-deploy" / "secrets" / run_id
+
+
+def _container_ids(spec: JobSpec) -> tuple[int, int]:
+    uid, gid = (int(part) for part in spec.user.split(":"))
+    return uid, gid
+
+
+def write_secrets(spec: JobSpec, environ=None) -> Path | None:
+    """One 0600 file per secret of the caller's environment, in a 0700 directory the container's user owns."""
+    if not spec.secrets:
+        return None
+    environ = os.environ if environ is None else environ
+    directory = secrets_dir(spec.run_id, environ)
+    shutil.rmtree(directory, ignore_errors=True)  # no stale value from an earlier launch
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory.parent, 0o700)  # the caller's alone (the container sees only its own directory)
+    directory.mkdir(mode=0o700)
+    owner = _container_ids(spec) if os.getuid() == 0 else None  # a non-root caller is the container's user
     for name in spec.secrets:
-        args += ["-e", name]
-    if plan.shell:
-        args += ["--entrypoint", "/bin/sh"]
-    return args + [spec.image] + (["-c", *plan.command] if plan.shell else plan.command)
+        if name not in environ:
+            continue
+        path = directory / name
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+            handle.write(environ[name])
+        if owner:
+            os.chown(path, *owner)
+    if owner:
+        os.chown(directory, *owner)
+    return directory
 
 
-def container_options(spec: JobSpec, plan: Plan | None = None, environ: dict[str, str] | None = None) -> dict:
-    """Keyword arguments for `client.containers.create`: the same translation as docker_run_args."""
+def _remove_secrets(directories) -> None:
+    for directory in directories:
+        # Only a directory of ours: a mount source comes from the engine, never rmtree something else.
+        if Path(directory).parent.name == "secrets" and Path(directory).parent.parent.name == "verl-deploy":
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+# --- the options: one dict per container, the SDK's keywords; the dry run translates it -------------------------
+
+def check_sizes(spec: JobSpec) -> None:
+    """--memory and --shm-size as Docker reads them, checked before anything is created."""
+    from docker.errors import DockerException
+    from docker.utils import parse_bytes
+
+    for flag, value, example in (("--memory", spec.memory, "64g"),
+                                 ("--shm-size", None if spec.ipc_host else spec.shm_size, "16g")):
+        if value is None:
+            continue
+        try:
+            parse_bytes(value)
+        except DockerException:
+            raise LaunchError(f"{flag} {value!r} is not a size: use e.g. {example}") from None
+
+
+def container_options(spec: JobSpec, plan: Plan | None = None, environ=None) -> dict:
+    """Keyword arguments for `client.containers.create`, the single description of a container: launch() creates
+    it, docker_run_args() prints it. No secret values: those are files (see secrets_dir)."""
     from docker.types import DeviceRequest, Mount, Ulimit
 
     plan = plan or plans(spec)[-1]
-    environ = os.environ if environ is None else environ
+    mounts = [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in spec.mounts]
+    if spec.secrets:
+        mounts.append(Mount(SECRETS_DIR, str(secrets_dir(spec.run_id, environ)), type="bind", read_only=True))
+    tmpfs = dict(TMPFS)
+    if spec.hf_cache is None:  # no host cache: a scratch one, as the root file system is read-only
+        tmpfs[spec.container_env["HF_HOME"]] = TMPFS["/tmp"]
     options: dict = {
-        "image": spec.image,
-        "command": plan.command,
         "name": plan.name,
-        "labels": {**spec.labels, ROLE_LABEL: plan.role},
-        "user": spec.user,
         "init": True,  # tini as PID 1 forwards SIGTERM to the trainer and reaps Ray's children
+        "labels": {**spec.labels, ROLE_LABEL: plan.role},
+        "user": spec.user,  # never root
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "pids_limit": PIDS_LIMIT,
+        "read_only": True,
+        "tmpfs": tmpfs,
         "ulimits": [Ulimit(name=name, soft=soft, hard=hard) for name, (soft, hard) in ULIMITS.items()],
-        "mounts": [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in spec.mounts],
-        "environment": {**spec.container_env, **{name: environ[name] for name in spec.secrets if name in environ}},
     }
-    if plan.shell:
-        options["entrypoint"] = ["/bin/sh", "-c"]
     if spec.nodes > 1:
         options["network"] = network_name(spec)
     if spec.gpus.wanted:
@@ -124,18 +185,97 @@ def container_options(spec: JobSpec, plan: Plan | None = None, environ: dict[str
         options["nano_cpus"] = int(spec.cpus * 1e9)
     if spec.memory:
         options["mem_limit"] = spec.memory
+        options["memswap_limit"] = spec.memory  # no swap: a run out of memory is OOMKilled, not slowed to a crawl
+    options["mounts"] = mounts
+    options["environment"] = dict(spec.container_env)
+    if plan.shell:
+        options["entrypoint"] = ["/bin/sh", "-c"]
+    options["image"] = spec.image
+    options["command"] = plan.command
     return options
+
+
+def without_ulimits(options: dict) -> dict:
+    """The options for an engine that cannot raise memlock/stack (rootless, nested): its own limits."""
+    return {key: value for key, value in options.items() if key != "ulimits"}
+
+
+def _gpus_flag(requests) -> list[str]:
+    request = requests[0]
+    if request["DeviceIDs"]:
+        value = "device=" + ",".join(request["DeviceIDs"])
+        return ["--gpus", f'"{value}"' if "," in value else value]  # docker's own quoting of a list
+    return ["--gpus", "all" if request["Count"] < 0 else str(request["Count"])]
+
+
+def _ulimit(limit) -> str:
+    soft, hard = limit["Soft"], limit["Hard"]
+    return f"{limit['Name']}={soft}" if soft == hard else f"{limit['Name']}={soft}:{hard}"
+
+
+def _volume(mount) -> str:
+    return f"{mount['Source']}:{mount['Target']}" + (":ro" if mount["ReadOnly"] else "")
+
+
+def _each(flag: str, values) -> list[str]:
+    return [part for value in values for part in (flag, value)]
+
+
+# container_options key -> its `docker run` flags. A key missing here fails the dry run (KeyError), so the
+# printed line cannot silently drift from what launch() creates.
+RUN_FLAGS = {
+    "name": lambda v: ["--name", v],
+    "init": lambda v: ["--init"] if v else [],
+    "labels": lambda v: _each("--label", [f"{key}={value}" for key, value in v.items()]),
+    "user": lambda v: ["--user", v],
+    "cap_drop": lambda v: _each("--cap-drop", v),
+    "security_opt": lambda v: _each("--security-opt", v),
+    "pids_limit": lambda v: ["--pids-limit", str(v)],
+    "read_only": lambda v: ["--read-only"] if v else [],
+    "tmpfs": lambda v: _each("--tmpfs", [f"{path}:{opts}" for path, opts in v.items()]),
+    "ulimits": lambda v: _each("--ulimit", [_ulimit(limit) for limit in v]),
+    "network": lambda v: ["--network", v],
+    "device_requests": _gpus_flag,
+    "ipc_mode": lambda v: ["--ipc", v],
+    "shm_size": lambda v: ["--shm-size", v],
+    "nano_cpus": lambda v: ["--cpus", f"{v / 1e9:g}"],
+    "mem_limit": lambda v: ["--memory", v],
+    "memswap_limit": lambda v: ["--memory-swap", v],
+    "mounts": lambda v: _each("-v", [_volume(mount) for mount in v]),
+    "environment": lambda v: _each("-e", [f"{key}={value}" for key, value in v.items()]),
+    "entrypoint": lambda v: ["--entrypoint", v[0]],  # the rest of it goes after the image (below)
+}
+
+
+def docker_run_args(options: dict, detach: bool = False) -> list[str]:
+    """The `docker run` command line of container_options(...)."""
+    args = ["docker", "run"] + (["--detach"] if detach else [])
+    for key, value in options.items():
+        if key not in ("image", "command"):
+            args += RUN_FLAGS[key](value)
+    return args + [options["image"], *options.get("entrypoint", [])[1:], *options["command"]]
+
+
+def run_options(spec: JobSpec) -> list[dict]:
+    """container_options for every container of the run, in start order."""
+    return [container_options(spec, plan) for plan in plans(spec)]
+
+
+# --- the engine -----------------------------------------------------------------------------------------------
+
+def _connect():
+    import docker
+
+    engine = docker.from_env(timeout=30)
+    engine.ping()
+    return engine
 
 
 def client():
     """A docker SDK client, or a one-line LaunchError when no engine answers."""
-    import docker
-
     try:
-        engine = docker.from_env(timeout=30)
-        engine.ping()
-        return engine
-    except Exception as exc:
+        return _connect()
+    except Exception as exc:  # any failure means: no usable engine
         raise LaunchError(
             f"no Docker engine reachable ({type(exc).__name__}): start dockerd or set DOCKER_HOST; "
             "`verl-deploy doctor` checks it"
@@ -166,26 +306,113 @@ def _gpu_error(exc) -> bool:
     return "capabilities: [[gpu]]" in text or "nvidia-container" in text
 
 
+def _start_error(spec: JobSpec, exc) -> LaunchError:
+    if spec.gpus.wanted and _gpu_error(exc):
+        return LaunchError(
+            "Docker on this host has no GPU support (NVIDIA container toolkit not set up): install "
+            "nvidia-container-toolkit and restart dockerd, or run without --gpus"
+        )
+    return LaunchError(f"container did not start: {(exc.explanation or str(exc)).splitlines()[0]}")
+
+
+# --- run directory ownership: the container's user while it runs, the caller's once it ended ---------------------
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.lchown(root, uid, gid)
+    for parent, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.lchown(os.path.join(parent, name), uid, gid)
+
+
 def _prepare_run_dir(spec: JobSpec) -> None:
-    """Create the host directories before Docker would (as root); a root caller hands the ones it creates to the
-    container's non-root user. Existing directories are left as they are."""
+    """Create the host directories before Docker would (as root). A root caller hands the run directory to the
+    container's non-root user, a resumed one too (it was handed back when the last launch ended); an existing
+    cache is left as it is."""
+    root_caller = os.getuid() == 0
+    if root_caller and spec.run_dir.exists():
+        _chown_tree(spec.run_dir, *_container_ids(spec))
     for directory in (spec.run_dir, spec.hf_cache):
         if directory is None or directory.exists():
             continue
         directory.mkdir(parents=True)
-        if os.getuid() == 0:
-            uid, gid = (int(part) for part in spec.user.split(":"))
-            os.chown(directory, uid, gid)
+        if root_caller:
+            os.chown(directory, *_container_ids(spec))
+
+
+def _give_back(run_dir: Path) -> None:
+    """The run directory back to whoever launched the run (recorded as owner), when we may chown."""
+    owner = runs.read_record(run_dir).get("owner")
+    if os.getuid() != 0 or not owner or not run_dir.is_dir():
+        return
+    uid, gid = (int(part) for part in owner.split(":"))
+    _chown_tree(run_dir, uid, gid)
+
+
+def _ending(state: dict, memory: str | None) -> str:
+    """Why a container ended, when Docker knows more than the exit code."""
+    if state.get("OOMKilled"):
+        now = f"now {memory}" if memory else "no --memory limit: the host ran short"
+        return f"out of memory (OOMKilled): raise --memory ({now})"
+    return (state.get("Error") or "")[:200]
+
+
+def _age_s(container) -> float:
+    """Seconds since the container was created (the engine says when, in UTC, to the nanosecond)."""
+    created = datetime.strptime(container.attrs["Created"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+    return (datetime.now(timezone.utc) - created).total_seconds()
 
 
 class DockerLauncher:
     target = "docker"
 
-    def __init__(self, runs_root: Path):
+    def __init__(self, runs_root: Path, engine=None):
         self.runs_root = Path(runs_root)
+        self._engine = engine  # a docker client; None: connect on first use
+        self._warned = False
+
+    # --- the engine, asked once per command --------------------------------------------------------------------
+
+    def engine(self):
+        if self._engine is None:
+            self._engine = client()
+        return self._engine
+
+    def _live_engine(self):
+        """The engine, or None when it does not answer (said once): status and runs then show the record."""
+        if self._engine is None and not self._warned:
+            try:
+                self._engine = _connect()
+            except Exception as exc:  # any failure means: no usable engine
+                self._warned = True
+                print(f"warning: Docker engine not reachable ({type(exc).__name__}): docker runs shown as last "
+                      "recorded", file=sys.stderr)
+        return self._engine
+
+    def _run_containers(self, engine, run_id: str) -> list:
+        """The containers this launcher made for the run (compose's carry the run-id label too: never touched)."""
+        return engine.containers.list(all=True, filters={"label": [f"{RUN_ID_LABEL}={run_id}", ROLE_LABEL]})
+
+    def _trainer(self, engine, run_id: str):
+        """The run's trainer container (for several nodes: the Ray head, which runs the trainer), or None."""
+        found = [c for c in self._run_containers(engine, run_id) if c.labels.get(ROLE_LABEL) != "ray-worker"]
+        return found[0] if found else None
+
+    def _run_dir(self, run_id: str, container=None) -> Path:
+        """The host run directory: the one the container mounts, else the one under the runs root."""
+        for mount in (container.attrs.get("Mounts", []) if container is not None else []):
+            if mount["Destination"] == f"{RUNS_DIR}/{run_id}":
+                return Path(mount["Source"])
+        return self.runs_root / run_id
+
+    def _recorded(self, run_id: str) -> bool:
+        return runs.read_record(self.runs_root / run_id).get("target") == self.target
+
+    # --- launch ------------------------------------------------------------------------------------------------
 
     def dry_run(self, spec: JobSpec) -> str:
-        lines = [shlex.join(docker_run_args(spec, plan, detach=plan.role == "ray-worker")) for plan in plans(spec)]
+        check_sizes(spec)
+        lines = [shlex.join(docker_run_args(options, detach=options["labels"][ROLE_LABEL] == "ray-worker"))
+                 for options in run_options(spec)]
         if spec.nodes > 1:
             lines.insert(0, shlex.join(["docker", "network", "create", network_name(spec)]))
         return "\n".join(lines)
@@ -193,72 +420,124 @@ class DockerLauncher:
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
         import docker.errors
 
-        engine = client()
-        ensure_image(engine, spec.image)
-        self._clear_finished(engine, spec.run_id)  # --resume starts new containers on the same run dir
+        check_sizes(spec)
+        if runs.trainer_holds(spec.run_dir):  # a local trainer, or one in a container we do not label
+            holder = rundir.holder(spec.run_dir) or {}
+            where = f" (pid {holder['pid']} on {holder.get('host', '?')})" if holder.get("pid") else ""
+            raise LaunchError(f"run {spec.run_id} is in use by a live trainer{where}: "
+                              f"`verl-deploy stop {spec.run_id}` first, or train under another run id")
         fresh = not spec.run_dir.exists()
-        _prepare_run_dir(spec)
-        runs.write_record(spec.run_dir, {"run_id": spec.run_id, "target": self.target, "image": spec.image,
-                                         "nodes": spec.nodes, "command": spec.train_args(),
-                                         "secrets": list(spec.secrets)})
+        previous = None  # the record before this launch changed it (a resumed run)
         try:
-            try:
-                container = self._start(engine, spec, ulimits=True)
-            except docker.errors.APIError as exc:
-                if "rlimit" not in str(exc):
-                    raise
-                # Rootless or nested engines may not raise memlock/stack: run with the engine's own limits.
-                print("warning: this Docker engine cannot raise the memlock/stack ulimits; using its defaults",
-                      file=sys.stderr)
-                self._remove_all(engine, spec.run_id)
-                container = self._start(engine, spec, ulimits=False)
+            engine = self.engine()
+            ensure_image(engine, spec.image)
+            self._clear_finished(engine, spec.run_id)  # --resume starts new containers on the same run dir
+            previous = runs.read_record(spec.run_dir)
+            _prepare_run_dir(spec)
+            runs.write_record(spec.run_dir, {
+                **spec.record(), "target": self.target, "command": spec.train_args(), "memory": spec.memory,
+                "exit_code": None, "detail": "", "finished_at": None,
+            })
+            write_secrets(spec)
+            container = self._start(engine, spec)
+        except KeyboardInterrupt:
+            self._abandon(spec, fresh, previous)
+            raise LaunchInterrupted("interrupted before the run started: nothing was left behind") from None
         except docker.errors.APIError as exc:
-            self._remove_all(engine, spec.run_id)
-            if fresh:  # leave no trace of a run that never started
-                shutil.rmtree(spec.run_dir, ignore_errors=True)
-            if spec.gpus.wanted and _gpu_error(exc):
-                raise LaunchError(
-                    "Docker on this host has no GPU support (NVIDIA container toolkit not set up): install "
-                    "nvidia-container-toolkit and restart dockerd, or run without --gpus"
-                ) from None
-            raise LaunchError(f"container did not start: {(exc.explanation or str(exc)).splitlines()[0]}") from None
+            self._abandon(spec, fresh, previous)
+            raise _start_error(spec, exc) from None
         if detach:
-            return 0  # detached Ray workers end on their own about a minute after the head
+            return 0  # status, runs, stop or the next launch record its end once the container has exited
         code = self._follow(container)  # the last one started: the trainer (or the Ray head running it)
         self._stop_workers(engine, spec.run_id)
+        container.reload()
+        self._finish(engine, spec.run_id, container)
+        if container.attrs["State"].get("OOMKilled"):
+            limit = f"--memory {spec.memory}" if spec.memory else "no --memory limit"
+            print(f"run {spec.run_id} was killed for lack of memory (OOMKilled, {limit}): raise --memory",
+                  file=sys.stderr)
         return code
 
-    def _start(self, engine, spec: JobSpec, ulimits: bool):
+    def _start(self, engine, spec: JobSpec):
         """Create and start the run's containers in order; the last one is the trainer."""
+        import docker.errors
+
+        options = run_options(spec)
+        try:
+            return self._create_and_start(engine, spec, options)
+        except docker.errors.APIError as exc:
+            if "rlimit" not in str(exc):
+                raise
+            print("warning: this Docker engine cannot raise the memlock/stack ulimits; using its defaults",
+                  file=sys.stderr)
+            self._remove_containers(engine, spec.run_id)
+            return self._create_and_start(engine, spec, [without_ulimits(o) for o in options])
+
+    def _create_and_start(self, engine, spec: JobSpec, options: list[dict]):
         if spec.nodes > 1:
             engine.networks.create(network_name(spec), driver="bridge", labels=dict(spec.labels))
-        for plan in plans(spec):
-            options = container_options(spec, plan)
-            if not ulimits:
-                del options["ulimits"]
-            container = engine.containers.create(**options)
+        for one in options:
+            container = engine.containers.create(**one)
             container.start()
         return container
 
-    def _run_containers(self, engine, run_id: str) -> list:
-        return engine.containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
+    def _abandon(self, spec: JobSpec, fresh: bool, previous: dict | None) -> None:
+        """Undo a launch that did not start: its containers, network and secrets; a fresh run directory, or the
+        earlier record of a resumed one (handed back to its owner)."""
+        if self._engine is not None:
+            self._remove_all(self._engine, spec.run_id)
+        _remove_secrets([secrets_dir(spec.run_id)])
+        if fresh:
+            shutil.rmtree(spec.run_dir, ignore_errors=True)
+            return
+        if previous:
+            runs.write_record(spec.run_dir, previous)
+        _give_back(spec.run_dir)
 
     def _clear_finished(self, engine, run_id: str) -> None:
         found = self._run_containers(engine, run_id)
         if any(c.status == "running" for c in found):
             raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
+        trainer = self._trainer(engine, run_id)
+        if trainer is not None and trainer.status in ("exited", "dead"):
+            self._finish(engine, run_id, trainer)  # a detached run's end, kept before its container goes
         self._remove_all(engine, run_id)
 
-    def _remove_all(self, engine, run_id: str) -> None:
+    def _finish(self, engine, run_id: str, container) -> bool:
+        """Record how the trainer's container ended, then remove the run's containers, network and secrets and
+        hand the run directory back to its owner. A record we cannot write keeps the containers (and the truth):
+        False."""
+        run_dir = self._run_dir(run_id, container)
+        state = container.attrs["State"]
+        try:
+            runs.record_finished(run_dir, state.get("ExitCode"), _ending(state, runs.read_record(run_dir).get("memory")))
+        except OSError as exc:
+            print(f"warning: cannot record the end of run {run_id} in {run_dir} ({exc.strerror}): "
+                  "its containers are kept", file=sys.stderr)
+            return False
+        self._remove_all(engine, run_id)
+        _give_back(run_dir)
+        return True
+
+    def _remove_containers(self, engine, run_id: str) -> list[str]:
+        """Remove the run's containers and network; the secrets directories they mounted."""
         import docker.errors
 
+        mounted = []
         for container in self._run_containers(engine, run_id):
+            mounted += [m["Source"] for m in container.attrs.get("Mounts", []) if m["Destination"] == SECRETS_DIR]
             container.remove(force=True)
-        for network in engine.networks.list(filters={"label": f"{RUN_ID_LABEL}={run_id}"}):
+        ours = {"label": [f"{RUN_ID_LABEL}={run_id}", f"{MANAGED_LABEL}=true"]}
+        for network in engine.networks.list(filters=ours):
             try:
                 network.remove()
             except docker.errors.APIError:
                 pass  # still in use by something else: leave it
+        return mounted
+
+    def _remove_all(self, engine, run_id: str) -> None:
+        mounted = self._remove_containers(engine, run_id)
+        _remove_secrets({*mounted, str(secrets_dir(run_id))})
 
     def _follow(self, container) -> int:
         """Stream the logs until the container ends. Ctrl-C sends SIGTERM (the runtime checkpoints, we keep
@@ -283,65 +562,97 @@ class DockerLauncher:
         finally:
             signal.signal(signal.SIGINT, previous)
 
-    def _container(self, run_id: str):
-        """The run's trainer container (for several nodes: the Ray head, which runs the trainer)."""
-        found = [c for c in self._run_containers(client(), run_id) if c.labels.get(ROLE_LABEL) != "ray-worker"]
-        if not found:
-            raise LaunchError(f"no Docker container for run {run_id!r}: `verl-deploy runs` lists the runs")
-        return found[0]
+    # --- status, runs: the run directory, with the engine for what is live ----------------------------------------
 
-    def _status(self, container) -> RunStatus:
-        run_id = container.labels.get(RUN_ID_LABEL, container.name)
-        state = container.attrs["State"]
-        code = state.get("ExitCode") if container.status == "exited" else None
-        run_dir = next(
-            (m["Source"] for m in container.attrs.get("Mounts", []) if m["Destination"].endswith(f"/{run_id}")), ""
-        )
-        if container.status in ("running", "restarting"):
-            verdict = "running"
-        elif container.status == "created":
-            verdict = "pending"
-        elif code == 0:
-            verdict = "succeeded"
-        elif code in (130, 143):  # ended by SIGINT/SIGTERM (the runtime checkpointed)
-            verdict = "stopped"
-        else:
-            verdict = "failed"
-        return RunStatus(
-            run_id=run_id,
-            target=self.target,
-            state=verdict,
-            exit_code=code,
-            image=container.attrs["Config"]["Image"],
-            run_dir=run_dir,
-            metrics=runs.last_metrics(run_dir) if run_dir else {},
-            checkpoints=runs.checkpoints(run_dir) if run_dir else [],
-            detail="out of memory (OOMKilled)" if state.get("OOMKilled") else "",
-        )
+    def _observe(self, engine, run_id: str, container) -> RunStatus:
+        """A run whose trainer container exists: the engine's state wins over the record."""
+        run_dir = self._run_dir(run_id, container)
+        if container.status in ("running", "restarting", "paused"):
+            return runs.run_status(run_dir, self.target, "running", exit_code=None, detail="")
+        if container.status == "created":
+            if _age_s(container) < CREATED_GRACE_S:
+                return runs.run_status(run_dir, self.target, "pending", exit_code=None, detail="")
+            return runs.run_status(run_dir, self.target, "failed", exit_code=None,
+                                   detail="its container was created but never started (an interrupted launch): "
+                                          f"`verl-deploy run --resume {run_id}` starts it again")
+        if not self._finish(engine, run_id, container):  # exited or dead, but not recorded: what the engine says
+            state = container.attrs["State"]
+            code = state.get("ExitCode")
+            return runs.run_status(run_dir, self.target, runs.state_of(code), exit_code=code, detail=_ending(state, None))
+        return self._from_record(run_dir)
+
+    def _from_record(self, run_dir: Path, unreachable: bool = False) -> RunStatus:
+        """A run as its run directory recorded it (no container, or no engine to ask)."""
+        record = runs.read_record(run_dir)
+        ended = bool(record.get("finished_at"))
+        if unreachable:
+            last = runs.state_of(record.get("exit_code")) if ended else "not recorded as ended"
+            return runs.run_status(run_dir, self.target, "unknown",
+                                   detail=f"the Docker engine is unreachable; last recorded: {last}")
+        if not ended:
+            return runs.run_status(run_dir, self.target, "unknown", detail="its container is gone and how it ended "
+                                   "was not recorded (removed outside verl-deploy?)")
+        return runs.run_status(run_dir, self.target, runs.state_of(record.get("exit_code")))
 
     def status(self, run_id: str) -> RunStatus:
-        return self._status(self._container(run_id))
+        engine = self._live_engine()
+        container = self._trainer(engine, run_id) if engine is not None else None
+        if container is not None:
+            return self._observe(engine, run_id, container)
+        if not self._recorded(run_id):
+            raise LaunchError(f"no Docker run {run_id!r} under {self.runs_root}: `verl-deploy runs` lists the runs")
+        return self._from_record(self.runs_root / run_id, unreachable=engine is None)
+
+    def list(self) -> list[RunStatus]:
+        recorded = runs.local_run_ids(self.runs_root, self.target)
+        engine = self._live_engine()
+        if engine is None:
+            return [self._from_record(self.runs_root / run_id, unreachable=True) for run_id in recorded]
+        ours = engine.containers.list(all=True, filters={"label": [RUN_ID_LABEL, ROLE_LABEL]})
+        trainers = {c.labels[RUN_ID_LABEL]: c for c in ours if c.labels[ROLE_LABEL] != "ray-worker"}
+        found = [self._observe(engine, run_id, trainers.pop(run_id)) if run_id in trainers
+                 else self._from_record(self.runs_root / run_id) for run_id in recorded]
+        # Runs with a run directory elsewhere (another --runs-dir) are still live here.
+        return found + [self._observe(engine, run_id, container) for run_id, container in trainers.items()]
+
+    # --- logs, stop ----------------------------------------------------------------------------------------------
 
     def logs(self, run_id: str, follow: bool = False) -> Iterator[str]:
-        container = self._container(run_id)
+        engine = self._live_engine()
+        container = self._trainer(engine, run_id) if engine is not None else None
+        if container is None:  # removed once it ended: the runtime's own copy of its console
+            path = self.runs_root / run_id / TRAIN_LOG
+            if not path.is_file():
+                raise LaunchError(f"no Docker container and no {TRAIN_LOG} for run {run_id!r}: "
+                                  "`verl-deploy runs` lists the runs")
+            yield path.read_text(errors="replace")
+            return
         if not follow:
             yield container.logs().decode(errors="replace")
             return
         for chunk in container.logs(stream=True, follow=True):
             yield chunk.decode(errors="replace")
 
-    def stop(self, run_id: str) -> None:
-        """SIGTERM to the trainer first (it checkpoints), then to any Ray workers."""
-        container = self._container(run_id)
+    def stop(self, run_id: str) -> str | None:
+        """SIGTERM to the trainer first (it checkpoints), then to any Ray workers; then record how it ended."""
+        engine = self.engine()
+        container = self._trainer(engine, run_id)
+        if container is None:
+            if not self._recorded(run_id):
+                raise LaunchError(f"no Docker run {run_id!r} under {self.runs_root}: `verl-deploy runs` lists the runs")
+            ended = self._from_record(self.runs_root / run_id)
+            return f"run {run_id} is not running ({ended.state}): nothing to stop"
         if container.status == "running":
             container.stop(timeout=STOP_GRACE_S)
-        self._stop_workers(client(), run_id)
+        self._stop_workers(engine, run_id)
+        container.reload()
+        if container.status == "created":  # never started: nothing ran, nothing to record
+            self._remove_all(engine, run_id)
+        else:
+            self._finish(engine, run_id, container)
+        return None
 
     def _stop_workers(self, engine, run_id: str) -> None:
         for worker in self._run_containers(engine, run_id):
             if worker.status == "running" and worker.labels.get(ROLE_LABEL) == "ray-worker":
                 worker.kill()  # workers keep no state of the run: checkpoints are the trainer's, on the head
-
-    def list(self) -> list[RunStatus]:
-        containers = client().containers.list(all=True, filters={"label": RUN_ID_LABEL})
-        return [self._status(c) for c in containers if c.labels.get(ROLE_LABEL) != "ray-worker"]
