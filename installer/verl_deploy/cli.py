@@ -59,8 +59,10 @@ _RUNS_DIR_OPTION = typer.Option(None, "--runs-dir", envvar="VERL_DEPLOY_RUNS", h
 
 
 def _launch_error(exc: Exception) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(2)
+    """One line and exit 2; an interrupted launch (its exit_code, 130) says what it left, without 'error:'."""
+    code = getattr(exc, "exit_code", 2)
+    typer.echo(f"error: {exc}" if code == 2 else str(exc), err=True)
+    return typer.Exit(code)
 
 
 def _launcher(target: str | None, run_id: str | None, runs_dir: Path | None, namespace: str | None):
@@ -99,6 +101,7 @@ def run(
     detach: bool = typer.Option(False, "--detach", "-d", help="Start and return; follow with `verl-deploy logs -f RUN`."),
 ) -> None:
     """Train with CONFIG on this host (local), in a container (docker) or on a cluster (k8s)."""
+    import dataclasses
     import os
 
     from verl_deploy import runs
@@ -127,10 +130,8 @@ def run(
         variant = variant or ("auto" if wanted_gpus else "cpu")
         if variant == "auto" and target == "k8s":
             variant = CLUSTER_GPU_VARIANT  # the cluster's drivers are not this host's
-        if image is None and target == "docker" and not dry_run:
-            image = ensure_default_image(variant)
-        elif image is None:
-            image = default_image(variant)
+        build_image = image is None and target == "docker" and not dry_run
+        image = image or default_image(variant)
         if hf_cache is None and target == "docker":
             hf_cache = os.environ.get("HF_HOME", "~/.cache/huggingface")
         # On Kubernetes, --data and --hf-cache name claims; elsewhere they are host directories.
@@ -149,11 +150,16 @@ def run(
         if dry_run:
             typer.echo(launcher.dry_run(spec))
             return
+        if build_image:  # only once the config and flags are known to be good: a build takes minutes
+            from verl_deploy.launchers.docker import check_sizes
+
+            check_sizes(spec)
+            spec = dataclasses.replace(spec, image=ensure_default_image(variant))
         if resume:
             runs.note_resume(spec.run_dir, again.changes)
+        code = launcher.launch(spec, detach=detach)
         if detach:
             typer.echo(f"run {spec.run_id} started ({target}); follow it: verl-deploy logs -f {spec.run_id}", err=True)
-        code = launcher.launch(spec, detach=detach)
     except (LaunchError, ValueError) as exc:
         raise _launch_error(exc) from None
     if not detach:
