@@ -189,3 +189,19 @@ def test_a_truncated_newest_checkpoint_is_flagged_by_status_and_passed_over_by_r
     assert "Traceback" not in (run_dir / "console.log").read_text()
     assert "resuming from step_1" in (run_dir / "console.log").read_text()
     assert metrics_steps(run_dir) == [1, 2, 3], "step 2 is trained again from step 1's checkpoint, once"
+
+
+@pytest.mark.slow
+def test_three_local_runs_at_once_each_keep_their_own_books(tmp_path):
+    ids = ["one", "two", "three"]
+    for run_id in ids:
+        started = cli("run", QUICKSTART, "--target", "local", "--runs-dir", tmp_path, "--run-id", run_id, "--detach",
+                      "--set", "trainer.total_training_steps=6", *SHORT)
+        assert started.exit_code == 0, started.output
+    done = lambda: all(run_records.read_record(tmp_path / r).get("exit_code") is not None for r in ids)  # noqa: E731
+    assert wait_for(done, timeout_s=300)
+    listed = json.loads(cli("runs", "--target", "local", "--runs-dir", tmp_path, "--json").output)
+    assert sorted((r["run_id"], r["state"], r["last_metrics"]["step"]) for r in listed) == sorted(
+        (r, "succeeded", 6) for r in ids)
+    for run_id in ids:
+        assert metrics_steps(tmp_path / run_id) == [1, 2, 3, 4, 5, 6], "no line lost or mixed between runs"
