@@ -13,6 +13,7 @@ import pytest
 import yaml
 from conftest import REPO, require
 
+from verl_deploy.launchers.docker import PIDS_LIMIT
 from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR
 
 pytestmark = pytest.mark.docker
@@ -113,7 +114,7 @@ def test_compose_yaml_reserves_gpus_and_mounts_the_run_volumes(project):
 
 def hardened(service: dict) -> None:
     assert service["cap_drop"] == ["ALL"] and service["read_only"] is True
-    assert service["security_opt"] == ["no-new-privileges:true"] and int(service["pids_limit"]) > 0
+    assert service["security_opt"] == ["no-new-privileges:true"] and int(service["pids_limit"]) == PIDS_LIMIT
     assert service["tmpfs"] == ["/tmp:exec,mode=1777"]  # Triton dlopens what it compiles into /tmp
 
 
@@ -210,7 +211,7 @@ def test_root_with_the_defaults_trains_hardened_and_reads_its_secret_from_a_file
     assert SECRET not in json.dumps(inspect["Config"]) and not any(e.split("=")[0] in SECRET_ENV for e in inspect["Config"]["Env"])
     host = inspect["HostConfig"]
     assert host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"] is True
-    assert host["SecurityOpt"] == ["no-new-privileges:true"] and host["PidsLimit"] == 8192
+    assert host["SecurityOpt"] == ["no-new-privileges:true"] and host["PidsLimit"] == PIDS_LIMIT
     assert inspect["Config"]["User"] == f"{TRAINER_UID}:{TRAINER_UID}"
     assert read.returncode == 0, read.stderr[-2000:]
     assert json.loads(read.stdout.strip().splitlines()[-1]) == [["HF_TOKEN"], f"{SECRETS_DIR}/HF_TOKEN", False]
