@@ -79,9 +79,11 @@ def test_the_fused_log_prob_and_entropy_gradients_are_autograds(weights):
     torch.testing.assert_close(fused, gradient(by_autograd), atol=1e-12, rtol=0)
 
 def test_sequence_scores_land_on_the_last_response_token():
-    mask = T([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
-    scores = T([1.0, 2.0, 3.0])
-    close(A.sequence_scores_to_token_level(scores, mask), [[0, 1, 0], [0, 0, 2], [3, 0, 0]])
+    # an empty response's score goes to the last column (verl: index valid_response_length - 1 = -1);
+    # with a hole in the mask (multi-turn) it is the last response token, not the token count - 1
+    mask = T([[1, 1, 0], [1, 1, 1], [0, 0, 0], [1, 0, 1]])
+    scores = T([1.0, 2.0, 3.0, 4.0])
+    close(A.sequence_scores_to_token_level(scores, mask), [[0, 1, 0], [0, 0, 2], [0, 0, 3], [0, 0, 4]])
 
 
 # ---------------------------------------------------------------------------------------------- advantages
@@ -171,12 +173,13 @@ def test_rloo_subtracts_the_mean_of_the_others():
     close(advantages[2, 0], 3 / 2 * (3.0 - 1.0))
 
 
-def test_reinforce_plus_plus_discounts_and_resets_after_eos():
-    # Row 1 has a reward on its padding token: it must not flow back into the response.
+def test_reinforce_plus_plus_discounts_and_skips_masked_tokens():
+    # Row 1 has a reward on its padding token: it must not flow back into the response (verl 0.9.1: the
+    # return on a masked token is 0 and the running return carries over it unchanged).
     rewards = T([[0.0, 0.0, 1.0], [0.0, 1.0, 5.0]])
     mask = T([[1, 1, 1], [1, 1, 0]])
     advantages, returns = A.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
-    close(returns, [[0.25, 0.5, 1.0], [0.5, 1.0, 5.0]])
+    close(returns, [[0.25, 0.5, 1.0], [0.5, 1.0, 0.0]])
     valid = [0.25, 0.5, 1.0, 0.5, 1.0]
     mean, std = statistics.mean(valid), statistics.stdev(valid)
     expected = [[(v - mean) / std for v in valid[:3]], [(v - mean) / std for v in valid[3:]] + [0.0]]
@@ -195,7 +198,7 @@ def test_reinforce_plus_plus_baseline_centres_per_group_then_whitens_over_tokens
 
 
 def test_registry_names_and_dispatch():
-    assert set(A.ADV_ESTIMATORS) == {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"}
+    assert {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"} <= set(A.ADV_ESTIMATORS)
     rewards = A.sequence_scores_to_token_level(T([1.0, 0.0, 2.0, 2.0]), torch.ones(4, 3))
     mask = T([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]])
     values = torch.linspace(0, 1, 12).reshape(4, 3)
@@ -466,7 +469,7 @@ def test_get_kl_controller_reads_verls_config_keys():
 def test_the_names_config_accepts_are_the_names_implemented_here():
     from verl_runtime import config
 
-    assert tuple(config.ADV_ESTIMATORS) == tuple(A.ADV_ESTIMATORS)
-    assert tuple(config.LOSS_AGG_MODES) == A.LOSS_AGG_MODES
+    assert set(config.ADV_ESTIMATORS) <= set(A.ADV_ESTIMATORS)
+    assert set(config.LOSS_AGG_MODES) <= set(A.LOSS_AGG_MODES)
     for name in config.KL_PENALTIES:
         A.kl_penalty(T([0.1]), T([0.0]), name)

@@ -13,8 +13,11 @@ Read top to bottom: helpers, advantage estimators (+ registry), loss aggregation
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Callable
 
 import torch
@@ -110,9 +113,11 @@ def _entropy(p: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
 def sequence_scores_to_token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Place each sequence's score on its last response token, as verl's reward managers do.
 
-    scores (bs,) -> token_level_scores (bs, response_length), zero elsewhere.
+    scores (bs,) -> token_level_scores (bs, response_length), zero elsewhere. An empty response's score goes to
+    the last column: verl writes it at index valid_response_length - 1 = -1.
     """
-    last = (response_mask.sum(dim=-1).long() - 1).clamp(min=0)
+    positions = torch.arange(1, response_mask.shape[-1] + 1, device=response_mask.device)
+    last = (response_mask.bool() * positions).amax(dim=-1) - 1  # -1 for an empty response
     token_level = torch.zeros(response_mask.shape, dtype=scores.dtype, device=scores.device)
     token_level[torch.arange(len(scores), device=scores.device), last] = scores
     return token_level
@@ -128,10 +133,61 @@ def _group_rows(index: Sequence[Any] | torch.Tensor) -> list[list[int]]:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Advantage estimators. Each returns (advantages, returns), both (bs, response_length).
+# Advantage estimators (verl's registry). Each returns (advantages, returns), both (bs, response_length).
+# Outcome estimators take verl's `config` (the `algorithm` node: gamma, lam, norm_adv_by_std_in_grpo, ...) and
+# ignore keyword arguments they do not use, as verl's do.
 # --------------------------------------------------------------------------------------------------------------
 
+ADV_ESTIMATOR_REGISTRY: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {}
+ADV_ESTIMATORS = ADV_ESTIMATOR_REGISTRY  # the same dict, under the name the config checks read
 
+
+def _name(name_or_enum: Any) -> str:
+    return name_or_enum.value if isinstance(name_or_enum, Enum) else name_or_enum
+
+
+def register_adv_est(name_or_enum: Any) -> Callable:
+    """Decorator: register an advantage estimator under a name (or an Enum's value), as verl's does.
+
+    Registering a different function under a taken name is an error; re-registering the same one is not.
+    """
+
+    def decorator(fn):
+        name = _name(name_or_enum)
+        if ADV_ESTIMATOR_REGISTRY.get(name, fn) is not fn:
+            raise ValueError(f"Adv estimator {name} has already been registered: {ADV_ESTIMATOR_REGISTRY[name]} vs {fn}")
+        ADV_ESTIMATOR_REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_adv_estimator_fn(name_or_enum: Any) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The estimator registered under `algorithm.adv_estimator` (a name or verl's AdvantageEstimator member)."""
+    name = _name(name_or_enum)
+    if name not in ADV_ESTIMATOR_REGISTRY:
+        raise ValueError(f"unknown adv_estimator {name!r}; use one of: {', '.join(ADV_ESTIMATOR_REGISTRY)}")
+    return ADV_ESTIMATOR_REGISTRY[name]
+
+
+def _config_value(config: Any, key: str, default: Any = None) -> Any:
+    """config.key for verl's AlgoConfig, a DictConfig, a dict or a namespace; `default` when absent."""
+    if config is None:
+        return default
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def _group_ids(index: Sequence[Any] | torch.Tensor, device: torch.device) -> tuple[torch.Tensor, int]:
+    """Dense group ids (0..G-1, in order of first appearance) and G, for the vectorized estimators."""
+    keys = index.tolist() if isinstance(index, torch.Tensor) else list(index)
+    ids: dict[Any, int] = {}
+    dense = [ids.setdefault(key, len(ids)) for key in keys]
+    return torch.tensor(dense, dtype=torch.long, device=device), len(ids)
+
+
+@register_adv_est("gae")
 @torch.no_grad()
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
@@ -143,8 +199,8 @@ def compute_gae_advantage_return(
     """Generalised Advantage Estimation (Schulman et al. 2016) with a critic; advantages whitened over the mask.
 
     A_t = delta_t + gamma * lam * A_{t+1},  delta_t = r_t + gamma * V_{t+1} - V_t,  returns = A + V (before
-    whitening). Masked tokens are skipped: they carry the next valid token's value and advantage through, so
-    a sequence's chain is unbroken and padding after EOS contributes nothing.
+    whitening). Masked tokens (padding, or tool output inside a multi-turn response) are skipped: they carry
+    the next valid token's value and advantage through, so a sequence's chain is unbroken.
     """
     valid = response_mask.bool()
     next_value = torch.zeros_like(values[:, 0])
@@ -160,6 +216,7 @@ def compute_gae_advantage_return(
     return masked_whiten(advantages, response_mask), returns
 
 
+@register_adv_est("grpo")
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -167,11 +224,14 @@ def compute_grpo_outcome_advantage(
     index: Sequence[Any] | torch.Tensor,
     epsilon: float = 1e-6,
     norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: each sequence's score minus its group's mean, divided by the group's std (+ epsilon).
 
-    The std is the unbiased one (torch.std). `norm_adv_by_std_in_grpo=False` keeps only the mean (Dr. GRPO).
-    A group of one has no baseline: verl uses mean 0 and std 1, so its advantage is its score (/ (1 + eps)).
+    The std is the unbiased one (torch.std). `norm_adv_by_std_in_grpo=False` keeps only the mean (Dr. GRPO);
+    as in verl this is the argument, not `config`, that decides. A group of one has no baseline: verl uses
+    mean 0 and std 1, so its advantage is its score / (1 + eps). Ties give std 0 and advantage 0.
     """
     scores = token_level_rewards.sum(dim=-1)
     advantages = torch.empty_like(scores)
@@ -187,54 +247,74 @@ def compute_grpo_outcome_advantage(
     return advantages, advantages
 
 
+@register_adv_est("grpo_vectorized")
 @torch.no_grad()
-def compute_rloo_outcome_advantage(
+def compute_grpo_vectorized_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: Sequence[Any] | torch.Tensor,
     epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RLOO (Ahmadian et al. 2024): each score minus the mean of the *other* scores of its group.
-
-    Equal to n/(n-1) * (score - group mean), which is how verl writes it. A group of one keeps its raw score.
-    `epsilon` is accepted for verl's signature and unused, as in verl.
-    """
+    """GRPO without the per-group loop (verl's grpo_vectorized): the same numbers, statistics in float32."""
     scores = token_level_rewards.sum(dim=-1)
-    advantages = scores.clone()
+    group, n_groups = _group_ids(index, scores.device)
+    s = scores.float()
+    count = torch.zeros(n_groups, device=s.device).index_add_(0, group, torch.ones_like(s))
+    mean = torch.zeros(n_groups, device=s.device).index_add_(0, group, s) / count.clamp_min(1.0)
+    centred = s - mean[group]
+    var = torch.zeros(n_groups, device=s.device).index_add_(0, group, centred * centred) / (count - 1).clamp_min(1.0)
+    std = var.clamp(min=0.0).sqrt()
+    single = count <= 1  # a group of one: mean 0, std 1, as in compute_grpo_outcome_advantage
+    mean, std = mean.masked_fill(single, 0.0), std.masked_fill(single, 1.0)
+    centred = scores - mean[group]
+    scalars = centred / (std[group] + epsilon) if norm_adv_by_std_in_grpo else centred
+    advantages = scalars.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@register_adv_est("grpo_passk")
+@torch.no_grad()
+def compute_grpo_passk_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | torch.Tensor,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k GRPO (Chen et al. 2025, arXiv:2503.19595): only each group's best sample gets an advantage,
+    r_max - r_second, divided by the group's std (+ epsilon) when `config.norm_adv_by_std_in_grpo` (default True;
+    as in verl it is the config, not the argument, that decides here). Ties: torch.topk's pick, as in verl.
+    """
+    if config is None:
+        raise ValueError("grpo_passk needs `config` (the algorithm config: norm_adv_by_std_in_grpo)")
+    norm = _config_value(config, "norm_adv_by_std_in_grpo", True)
+    scores = token_level_rewards.sum(dim=-1)
+    advantages = torch.zeros_like(scores)
     for rows in _group_rows(index):
-        if len(rows) > 1:
-            group = scores[rows]
-            advantages[rows] = group - (group.sum() - group) / (len(rows) - 1)
+        if len(rows) < 2:
+            raise ValueError(f"Pass@k requires at least 2 samples per group. Got {len(rows)} for group {index[rows[0]]}.")
+        group = scores[rows]
+        top, top_at = torch.topk(group, 2)
+        advantage = top[0] - top[1]
+        advantages[rows[int(top_at[0])]] = advantage / (group.std() + epsilon) if norm else advantage
     advantages = advantages.unsqueeze(-1) * response_mask
     return advantages, advantages
 
 
-@torch.no_grad()
-def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025): discounted return-to-go per token, whitened over the whole batch.
-
-    The running return restarts at masked tokens, so rewards after EOS never reach the response.
-    """
-    returns = torch.zeros_like(token_level_rewards)
-    running = torch.zeros_like(token_level_rewards[:, 0])
-    for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
-        returns[:, t] = running
-        running = running * response_mask[:, t]
-    advantages = masked_whiten(returns, response_mask) * response_mask
-    return advantages, returns
-
-
+@register_adv_est("reinforce_plus_plus_baseline")
 @torch.no_grad()
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: Sequence[Any] | torch.Tensor,
     epsilon: float = 1e-6,
+    config: Any = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: score minus its group's mean (0 for a group of one), then whitened over the batch.
 
@@ -250,24 +330,166 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return advantages, advantages
 
 
-ADV_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
-    "gae": compute_gae_advantage_return,
-    "grpo": compute_grpo_outcome_advantage,
-    "rloo": compute_rloo_outcome_advantage,
-    "reinforce_plus_plus": compute_reinforce_plus_plus_outcome_advantage,
-    "reinforce_plus_plus_baseline": compute_reinforce_plus_plus_baseline_outcome_advantage,
-}
+@register_adv_est("rloo")
+@torch.no_grad()
+def compute_rloo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | torch.Tensor,
+    epsilon: float = 1e-6,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO (Ahmadian et al. 2024): each score minus the mean of the *other* scores of its group,
+    written as verl writes it: n/(n-1) * score - n/(n-1) * group mean. A group of one keeps its raw score.
+    `epsilon` is accepted for verl's signature and unused, as in verl.
+    """
+    scores = token_level_rewards.sum(dim=-1)
+    advantages = scores.clone()
+    for rows in _group_rows(index):
+        n = len(rows)
+        if n > 1:
+            group = scores[rows]
+            advantages[rows] = group * n / (n - 1) - group.mean() * n / (n - 1)
+    advantages = advantages.unsqueeze(-1) * response_mask
+    return advantages, advantages
 
 
-def get_adv_estimator_fn(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """The estimator registered under `algorithm.adv_estimator` = `name`."""
-    if name not in ADV_ESTIMATORS:
-        raise ValueError(f"unknown adv_estimator {name!r}; use one of: {', '.join(ADV_ESTIMATORS)}")
-    return ADV_ESTIMATORS[name]
+@register_adv_est("opo")
+@torch.no_grad()
+def compute_opo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | torch.Tensor,
+    epsilon: float = 1e-6,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO (Hao et al. 2025, arXiv:2505.23585): score minus the length-weighted mean score of its group
+    (0 for a group of one). A group whose responses are all empty gets baseline 0 here; verl divides 0 by 0.
+    """
+    lengths = response_mask.sum(dim=-1).to(token_level_rewards.dtype)
+    scores = token_level_rewards.sum(dim=-1)
+    advantages = scores.clone()
+    for rows in _group_rows(index):
+        if len(rows) > 1:
+            weight = lengths[rows]
+            total = weight.sum()
+            baseline = (weight * scores[rows]).sum() / total if total > 0 else torch.zeros_like(total)
+            advantages[rows] = scores[rows] - baseline
+    advantages = advantages.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@register_adv_est("reinforce_plus_plus")
+@torch.no_grad()
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: Any = None,
+    gamma: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025): discounted return-to-go per token, whitened over the whole batch.
+
+    The discount is `config.gamma` (verl 0.9.1's signature); `gamma=` still works, and so does a number in
+    `config`'s place (this module's older signature). As in verl 0.9.1, masked tokens are skipped, not
+    restarts: inside a multi-turn response the return carries through tool-output spans unchanged, and
+    rewards that sit on masked tokens are dropped; returns are 0 on masked tokens.
+    """
+    if gamma is None:
+        gamma = config if isinstance(config, (int, float)) else _config_value(config, "gamma")
+    if gamma is None:
+        raise ValueError("reinforce_plus_plus needs config.gamma (or gamma=)")
+    valid = response_mask.bool()
+    returns = torch.zeros_like(token_level_rewards)
+    running = torch.zeros_like(token_level_rewards[:, 0])
+    for t in reversed(range(token_level_rewards.shape[1])):
+        candidate = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = torch.where(valid[:, t], candidate, 0.0)
+        running = torch.where(valid[:, t], candidate, running)
+    advantages = masked_whiten(returns, response_mask) * response_mask
+    return advantages, returns
+
+
+@register_adv_est("remax")
+@torch.no_grad()
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    reward_baselines: torch.Tensor,
+    response_mask: torch.Tensor,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023): return-to-go minus the reward of a greedy response to the same prompt.
+
+    The maths is here; the trainer does not generate the greedy baseline, so compute_advantage refuses it.
+    """
+    returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
+    return advantages, returns
+
+
+@register_adv_est("gpg")
+@torch.no_grad()
+def compute_gpg_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | torch.Tensor,
+    epsilon: float = 1e-6,
+    f_norm: float = 1.0,
+    alpha: float = 1.0,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG (Chu et al. 2025): alpha * (score - group mean) / f_norm, alpha = batch size / non-zero scores.
+
+    As in verl the `alpha` argument is overwritten by that ratio, and a group of one has mean 0.
+    """
+    scores = token_level_rewards.sum(dim=-1)
+    alpha = len(scores) / torch.count_nonzero(scores).clamp(min=1)
+    centred = scores.clone()
+    for rows in _group_rows(index):
+        if len(rows) > 1:
+            centred[rows] = scores[rows] - scores[rows].mean()
+    advantages = (alpha * centred / f_norm).unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@register_adv_est("rloo_vectorized")
+@torch.no_grad()
+def compute_rloo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | torch.Tensor,
+    epsilon: float = 1e-6,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO without the loop (verl's rloo_vectorized). Unlike `rloo`, a group of one gets advantage 0."""
+    scores = token_level_rewards.sum(dim=-1)
+    group, n_groups = _group_ids(index, scores.device)
+    count = torch.bincount(group, minlength=n_groups)[group].to(scores.dtype)
+    group_sum = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, group, scores)[group]
+    advantages = (count * scores - group_sum) / (count - 1).clamp_min(1) * (count > 1)
+    advantages = advantages.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@dataclass
+class AlgoArgs:
+    """The `algorithm` settings the estimators read from verl's `config` (a stand-in for verl's AlgoConfig)."""
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
 
 
 def compute_advantage(
-    adv_estimator: str,
+    adv_estimator: Any,
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     *,
@@ -276,77 +498,113 @@ def compute_advantage(
     gamma: float = 1.0,
     lam: float = 1.0,
     norm_adv_by_std_in_grpo: bool = True,
+    reward_baselines: torch.Tensor | None = None,
+    config: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Call the named estimator with the inputs it needs (the role of verl's ray_trainer.compute_advantage)."""
-    fn = get_adv_estimator_fn(adv_estimator)
-    if adv_estimator == "gae":
+    """Call the registered estimator with the inputs it needs, as verl's ray_trainer.compute_advantage does:
+    GAE gets gamma and lam, GRPO gets norm_adv_by_std_in_grpo, every other estimator gets `config` (built from
+    gamma/lam/norm_adv_by_std_in_grpo when not given), `index` and `reward_baselines` when there are any.
+    """
+    name = _name(adv_estimator)
+    fn = get_adv_estimator_fn(name)
+    if name == "gae":
         if values is None:
             raise ValueError("adv_estimator 'gae' needs the critic's values")
         return fn(token_level_rewards, values, response_mask, gamma, lam)
-    if adv_estimator == "reinforce_plus_plus":
-        return fn(token_level_rewards, response_mask, gamma)
-    if index is None:
-        raise ValueError(f"adv_estimator {adv_estimator!r} needs `index`, the group id of each row")
-    if adv_estimator == "grpo":
+    params = inspect.signature(fn).parameters
+    if "index" in params and params["index"].default is inspect.Parameter.empty and index is None:
+        raise ValueError(f"adv_estimator {name!r} needs `index`, the group id of each row")
+    if "reward_baselines" in params and reward_baselines is None:
+        raise ValueError(f"adv_estimator {name!r} needs reward_baselines (a greedy generation per prompt), "
+                         "which this trainer does not make")
+    if name == "grpo":
         return fn(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
-    return fn(token_level_rewards, response_mask, index)
+    kwargs: dict[str, Any] = {
+        "token_level_rewards": token_level_rewards,
+        "response_mask": response_mask,
+        "config": config if config is not None else AlgoArgs(gamma, lam, norm_adv_by_std_in_grpo),
+    }
+    if index is not None:
+        kwargs["index"] = index
+    if reward_baselines is not None:
+        kwargs["reward_baselines"] = reward_baselines
+    return fn(**kwargs)
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Loss aggregation
 # --------------------------------------------------------------------------------------------------------------
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum")
+
+
+def _safe(denominator: torch.Tensor | int | float) -> torch.Tensor | int | float:
+    """A count to divide by: 1 where it is 0, so an empty batch gives loss 0 (verl: 0 / 0 = NaN) and no NaN grad."""
+    if isinstance(denominator, torch.Tensor):
+        return torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+    return denominator if denominator else 1
 
 
 def agg_loss(
     loss_mat: torch.Tensor,
     loss_mask: torch.Tensor,
     loss_agg_mode: str,
+    dp_size: int = 1,
     batch_num_tokens: torch.Tensor | int | None = None,
-    global_batch_size: int | None = None,
+    global_batch_size: torch.Tensor | int | None = None,
     loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
-    """Reduce a per-token loss matrix to a scalar.
+    """Reduce a per-token loss matrix to a scalar, as verl 0.9.1's agg_loss.
 
     - token-mean: sum over valid tokens / number of valid tokens.
-    - seq-mean-token-sum: per-sequence sum of tokens, averaged over sequences.
-    - seq-mean-token-mean: per-sequence mean of tokens, averaged over sequences.
-    - seq-mean-token-sum-norm: per-sequence sum / `loss_scale_factor` (default: response_length, a constant
-      as in Dr. GRPO), averaged over sequences. This is current verl; older verl omitted the average.
+    - token-sum: sum over valid tokens.
+    - seq-mean-token-sum: per-sequence token sum, averaged over the non-empty sequences.
+    - seq-mean-token-mean: per-sequence token mean, averaged over the non-empty sequences.
+    - seq-mean-token-sum-norm: seq-mean-token-sum / `loss_scale_factor` (default: response_length, a constant
+      as in Dr. GRPO).
+    A fully masked row counts in no mode. An all-masked batch gives 0 (verl: NaN).
 
     Gradient accumulation: by default the denominators come from this (micro-)batch, so micro-batches of
     unequal token counts would be weighted wrongly. Pass the *mini-batch* totals instead -- `batch_num_tokens`
-    (valid tokens) and `global_batch_size` (sequences), see `make_global_batch_info` -- and the micro-batch
-    losses *sum* to the full mini-batch loss: call backward on each and do not divide by the number of
-    micro-batches. (Under data parallelism with gradient averaging, multiply by the number of ranks.)
+    (valid tokens) and `global_batch_size` (non-empty sequences), see `make_global_batch_info` -- and the
+    micro-batch losses *sum* to the full mini-batch loss. Every mode is multiplied by `dp_size`, for gradients
+    that data parallelism averages over ranks (verl requires the totals when dp_size > 1).
     """
     if loss_agg_mode == "token-mean":
         if batch_num_tokens is None:
-            return masked_mean(loss_mat, loss_mask)
-        return masked_sum(loss_mat, loss_mask) / batch_num_tokens
-
-    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
-        seq_losses = masked_sum(loss_mat, loss_mask, axis=-1)
-        if loss_agg_mode == "seq-mean-token-sum-norm":
-            seq_losses = seq_losses / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
-    elif loss_agg_mode == "seq-mean-token-mean":
-        seq_losses = masked_sum(loss_mat, loss_mask, axis=-1) / (loss_mask.sum(dim=-1) + 1e-8)
-    else:
+            if dp_size > 1:
+                raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
+            batch_num_tokens = loss_mask.sum()
+        return masked_sum(loss_mat, loss_mask) / _safe(batch_num_tokens) * dp_size
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, loss_mask) * dp_size
+    if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; use one of: {', '.join(LOSS_AGG_MODES)}")
-    # Every row counts as a sequence (an all-padding row adds 0), as in verl.
-    num_seqs = loss_mat.shape[0] if global_batch_size is None else global_batch_size
-    return seq_losses.sum() / num_seqs
+
+    tokens_per_row = loss_mask.sum(dim=-1)
+    seq_losses = masked_sum(loss_mat, loss_mask, axis=-1)
+    if loss_agg_mode == "seq-mean-token-mean":
+        seq_losses = seq_losses / (tokens_per_row + 1e-8)
+    non_empty = (tokens_per_row > 0).float()
+    if global_batch_size is None:
+        if dp_size > 1:
+            raise ValueError("global_batch_size is required when dp_size > 1")
+        global_batch_size = non_empty.sum()
+    loss = masked_sum(seq_losses, non_empty) / _safe(global_batch_size) * dp_size
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        loss = loss / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+    return loss
 
 
 def make_global_batch_info(response_mask: torch.Tensor, loss_scale_factor: float | None = None) -> dict[str, Any]:
     """The mini-batch totals that make micro-batch losses add up to the mini-batch loss (see `agg_loss`).
 
     Compute once per mini-batch, then pass as `global_batch_info=` to the loss functions of each micro-batch.
+    `global_batch_size` counts the non-empty rows, the rows agg_loss's seq-mean modes average over.
     """
     info: dict[str, Any] = {
         "batch_num_tokens": response_mask.sum().clamp(min=1),  # an all-padding mini-batch gives loss 0
-        "global_batch_size": response_mask.shape[0],
+        "global_batch_size": (response_mask.sum(dim=-1) > 0).sum(),
     }
     if loss_scale_factor is not None:
         info["loss_scale_factor"] = loss_scale_factor
@@ -369,6 +627,7 @@ def compute_policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     global_batch_info: Mapping[str, Any] | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate with dual clip. Returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower).
 
@@ -397,9 +656,59 @@ def compute_policy_loss(
     dual_cap = -advantages * clip_ratio_c
     pg_clipfrac_lower = masked_mean((torch.gt(clipped_loss, dual_cap) & negative).float(), response_mask)
     pg_losses = torch.where(negative, torch.minimum(clipped_loss, dual_cap), clipped_loss)
+    if token_weights is not None:  # verl's rollout-correction (importance) weights
+        pg_losses = pg_losses * token_weights
 
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **(global_batch_info or {}))
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
+
+
+POLICY_LOSS_REGISTRY: dict[str, Callable[..., tuple[torch.Tensor, dict[str, float]]]] = {}
+
+
+def register_policy_loss(name: str) -> Callable:
+    """Decorator: register a policy loss under `actor.policy_loss.loss_mode`, as verl's does."""
+
+    def decorator(fn):
+        POLICY_LOSS_REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_policy_loss_fn(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
+    if name not in POLICY_LOSS_REGISTRY:
+        raise ValueError(f"Unsupported loss mode: {name}. Supported modes are: {list(POLICY_LOSS_REGISTRY)}")
+    return POLICY_LOSS_REGISTRY[name]
+
+
+@register_policy_loss("vanilla")
+def compute_policy_loss_vanilla(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """verl 0.9.1's registered form of compute_policy_loss: clip ratios from the actor `config` (clip_ratio,
+    clip_ratio_low/high, clip_ratio_c, global_batch_info), per-token weights `rollout_is_weights`, metrics as a dict.
+    """
+    if config is None:
+        raise ValueError("compute_policy_loss_vanilla needs the actor config (clip_ratio, ...)")
+    clip_ratio = _config_value(config, "clip_ratio")
+    low, high = _config_value(config, "clip_ratio_low"), _config_value(config, "clip_ratio_high")
+    pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
+        old_log_prob, log_prob, advantages, response_mask,
+        cliprange=clip_ratio, cliprange_low=clip_ratio if low is None else low,
+        cliprange_high=clip_ratio if high is None else high, clip_ratio_c=_config_value(config, "clip_ratio_c", 3.0),
+        loss_agg_mode=loss_agg_mode, global_batch_info=_config_value(config, "global_batch_info") or {},
+        token_weights=rollout_is_weights,
+    )
+    metrics = {"actor/pg_clipfrac": clipfrac.item(), "actor/ppo_kl": ppo_kl.item(),
+               "actor/pg_clipfrac_lower": clipfrac_lower.item()}
+    return pg_loss, metrics
 
 
 def compute_value_loss(
@@ -409,18 +718,25 @@ def compute_value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
+    dp_size: int = 1,
+    batch_num_tokens: torch.Tensor | int | None = None,
+    global_batch_size: torch.Tensor | int | None = None,
+    loss_scale_factor: float | None = None,
+    *,
     global_batch_info: Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped value loss: 0.5 * agg(max((V - R)^2, (clip(V, V_old +- cliprange_value) - R)^2)).
 
     Returns (vf_loss, vf_clipfrac), the share of tokens where the clipped term was larger. The 0.5 is verl's.
+    dp_size .. loss_scale_factor are verl 0.9.1's, passed to agg_loss; `global_batch_info` (a dict of the same
+    keys, see make_global_batch_info) is this module's shorthand for them.
     """
+    totals = {"dp_size": dp_size, "batch_num_tokens": batch_num_tokens, "global_batch_size": global_batch_size,
+              "loss_scale_factor": loss_scale_factor, **(global_batch_info or {})}
     vpreds_clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
     unclipped = (vpreds - returns) ** 2
     clipped = (vpreds_clipped - returns) ** 2
-    vf_loss = 0.5 * agg_loss(
-        torch.maximum(unclipped, clipped), response_mask, loss_agg_mode, **(global_batch_info or {})
-    )
+    vf_loss = 0.5 * agg_loss(torch.maximum(unclipped, clipped), response_mask, loss_agg_mode, **totals)
     vf_clipfrac = masked_mean(torch.gt(clipped, unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac
 
