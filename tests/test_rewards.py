@@ -73,13 +73,25 @@ def test_boxed_helpers():
         ("openai/gsm8k", "#### 72", "72", 1.0),
         ("lighteval/MATH", "\\boxed{72}", "72", 1.0),
         ("DigitalLearningGmbH/MATH-lighteval", "\\boxed{7}", "72", 0.0),
-        ("math", "\\boxed{\\frac12}", "0.5", 1.0),
+        ("math", "\\boxed{\\frac12}", "0.5", -1.0),  # verl sends "math" to DAPO's scorer: exact box, wrong is -1
+        ("math", "so \\boxed{0.5}", "0.5", 1.0),
+        ("aime2024", "Answer: 204", "204", 1.0),
         ("toy/letter", "aaab", "a", 0.75),
     ],
 )
 def test_default_compute_score_dispatches_by_data_source(data_source, solution, truth, score):
     result = default_compute_score(data_source, solution, truth, extra_info={"index": 0})
     assert result == score and isinstance(result, float)
+
+
+def test_a_source_verl_scores_elsewhere_says_so():
+    with pytest.raises(RewardFunctionError, match="verl scores it with prime_math"):
+        default_compute_score("numina_olympiads", "x", "y")
+
+
+def test_strip_string_drops_percent_signs_as_verl():
+    assert math_reward.strip_string("50\\%") == "50"
+    assert math_reward.is_equiv("50\\%", "50")
 
 
 def test_unknown_data_source_says_what_to_do():

@@ -321,3 +321,85 @@ def test_kl_controllers(verl):
         ours.update(kl, 16)
         theirs.update(kl, 16)
         assert ours.value == pytest.approx(theirs.value)
+
+
+# ---------------------------------------------------------------------------------------------- rewards
+
+from verl_runtime.rewards import default_compute_score, gsm8k, math_dapo, math_reward  # noqa: E402
+
+RESPONSES = [
+    "",
+    "   ",
+    "Natalia sold 48/2 = 24 clips in May.\nAltogether she sold 48+24 = 72 clips.\n#### 72",
+    "#### 1,000",
+    "The answer is #### $1,000.50",
+    "#### -3",
+    "I think it is 72.",
+    "#### 72\n#### 73",
+    "so 3.5 and then .",
+    "x" * 400 + " #### 5",
+    "#### 5" + "y" * 400,
+    "The answer is $\\boxed{\\frac{1}{2}}$.",
+    "\\boxed{0.5}",
+    "\\boxed{\\dfrac12}",
+    "\\boxed{50\\%}",
+    "\\boxed{50\\\\%}",
+    "\\boxed{10^{\\circ}}",
+    "\\boxed {3}",
+    "\\boxed 3$ and more",
+    "\\boxed{\\text{(A)}}",
+    "\\boxed{x = 4}",
+    "\\boxed{3/4}",
+    "\\boxed{\\sqrt2}",
+    "\\boxed{5 \\text{ cm}}",
+    "\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}",
+    "unclosed \\boxed{3",
+    "\\fbox{4}",
+    "\\boxed{}",
+    "Answer: 204",
+    "Answer: $\\frac{3}{4}$ dollars",
+    "answer : 1,234\nmore text",
+    "Answer: x = 12 units",
+    "\\boxed{12} Answer: 13",
+    "\\frac",
+    "\\boxed{\\frac}",
+    "\\boxed{\\sqrt}",
+]
+TRUTHS = ["72", "1000", "1000.50", "-3", "5", "\\frac{1}{2}", "0.5", "50", "10", "3", "4", "\\frac{3}{4}",
+          "\\sqrt{2}", "(3,\\frac{\\pi}{2})", "204", "12", "1234", "(A)", ""]
+
+
+@pytest.mark.parametrize("response", RESPONSES)
+def test_scorers_on_real_looking_strings(verl, response, capsys):
+    for truth in TRUTHS:
+        for method in ("strict", "flexible"):
+            assert gsm8k.compute_score(response, truth, method=method) == verl.gsm8k.compute_score(response, truth, method=method)
+            assert gsm8k.extract_solution(response, method) == verl.gsm8k.extract_solution(response, method)
+        assert math_reward.compute_score(response, truth) == verl.math_reward.compute_score(response, truth)
+        assert math_reward.is_equiv(response, truth) == verl.math_reward.is_equiv(response, truth)
+        ours, theirs = math_dapo.compute_score(response, truth), verl.math_dapo.compute_score(response, truth)
+        assert ours == theirs
+    boxed = verl.math_reward.last_boxed_only_string(response)
+    assert math_reward.last_boxed_only_string(response) == boxed
+    try:
+        expected = verl.math_reward.strip_string(response)
+    except Exception:
+        expected = Exception
+    try:
+        got = math_reward.strip_string(response)
+    except Exception:
+        got = Exception
+    assert got == expected
+
+
+SOURCES = ["openai/gsm8k", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
+           "math", "math_dapo", "math_dapo_reasoning", "aime2024", "aime_2025"]
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_default_compute_score_routes_each_source_as_verl(verl, source, capsys):
+    for response in RESPONSES:
+        for truth in TRUTHS:
+            theirs = verl.reward_score.default_compute_score(source, response, truth)
+            theirs = theirs["score"] if isinstance(theirs, dict) else theirs
+            assert default_compute_score(source, response, truth) == theirs, (response, truth)

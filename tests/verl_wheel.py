@@ -106,6 +106,7 @@ def verl_modules(root: Path):
             reward_score=importlib.import_module("verl.utils.reward_score"),
             gsm8k=importlib.import_module("verl.utils.reward_score.gsm8k"),
             math_reward=importlib.import_module("verl.utils.reward_score.math_reward"),
+            math_dapo=importlib.import_module("verl.utils.reward_score.math_dapo"),
             metric_utils=importlib.import_module("verl.trainer.ppo.metric_utils"),
             DataProto=sys.modules["verl"].DataProto,
             root=root,

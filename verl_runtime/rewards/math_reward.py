@@ -72,6 +72,7 @@ def strip_string(string: str) -> str:
     ):
         string = string.replace(old, new)
     string = _remove_right_units(string)
+    string = string.replace("\\\\%", "")  # a literal \\% first, then \%, as verl
     string = string.replace("\\%", "")
     string = string.replace(" .", " 0.").replace("{.", "{0.")
     if not string:
