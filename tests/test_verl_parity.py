@@ -403,3 +403,74 @@ def test_default_compute_score_routes_each_source_as_verl(verl, source, capsys):
             theirs = verl.reward_score.default_compute_score(source, response, truth)
             theirs = theirs["score"] if isinstance(theirs, dict) else theirs
             assert default_compute_score(source, response, truth) == theirs, (response, truth)
+
+
+# ---------------------------------------------------------------------------------------------- metric names
+
+from verl_runtime import trainer  # noqa: E402
+
+
+def fake_step(with_critic: bool):
+    """A small step's batch: 3 samples, one of them aborted (empty response)."""
+    prompt, response = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]]), torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    batch = {
+        "prompts": torch.zeros(3, 3, dtype=torch.long), "responses": torch.zeros(3, 3, dtype=torch.long),
+        "attention_mask": torch.cat([prompt, response], dim=1), "response_mask": response.float(),
+        "token_level_scores": torch.rand(3, 3), "token_level_rewards": torch.rand(3, 3),
+        "advantages": torch.randn(3, 3), "returns": torch.randn(3, 3),
+    }
+    if with_critic:
+        batch["values"] = torch.randn(3, 3)
+    return batch
+
+
+# the phases our trainer times in a step (gen, reward, ref, values, old_log_prob, adv, update_*, testing, step)
+OUR_PHASES = ["gen", "reward", "ref", "values", "old_log_prob", "adv", "update_critic", "update_actor", "testing", "step"]
+
+
+@pytest.mark.parametrize("with_critic", [True, False])
+def test_our_step_metric_names_are_verls(verl, with_critic):
+    batch = fake_step(with_critic)
+    timing = {name: 0.5 for name in OUR_PHASES}
+    source = (verl.root / "verl/trainer/ppo/ray_trainer.py").read_text()
+    for phase in OUR_PHASES:  # verl times a phase of this name
+        assert f'marked_timer("{phase}"' in source or phase == "ref" and "str(Role.RefPolicy)" in source
+    proto = verl.DataProto(batch=batch, non_tensor_batch={}, meta_info={"global_token_num": batch["attention_mask"].sum(-1).tolist()})
+    theirs = {
+        **verl.metric_utils.compute_data_metrics(proto, use_critic=with_critic),
+        **verl.metric_utils.compute_timing_metrics(proto, timing),
+        **verl.metric_utils.compute_throughout_metrics(proto, timing, n_gpus=1),
+    }
+    assert '"training/global_step"' in source and '"training/epoch"' in source
+    theirs.update({"training/global_step": 1, "training/epoch": 0})
+
+    ours = {
+        **trainer.data_metrics(batch, batch["token_level_scores"], batch["token_level_rewards"], max_prompt_length=3),
+        **trainer.step_metrics(1, 0, batch, {**timing, "controller": 0.1}),
+    }
+    per_token = trainer.timing_per_token_metrics(batch, timing)  # verl's timing_per_token_ms/*, not yet in the step
+    assert set(ours) - {"timing_s/controller"} == set(theirs) - set(per_token)
+    ours.update(per_token)
+    # same values too, where verl's definition is ours
+    for name, value in theirs.items():
+        assert ours[name] == pytest.approx(value, rel=1e-5), name
+
+
+def test_our_validation_names_are_verls(verl):
+    verl_metrics = verl.metric_utils.process_validation_metrics(
+        np.array(["openai/gsm8k"] * 3, dtype=object), ["u0", "u1", "u2"], {"reward": [1.0, 0.0, 1.0]}
+    )
+    source = (verl.root / "verl/trainer/ppo/ray_trainer.py").read_text()
+    assert 'pfx = f"{metric_sec}/{data_source}/{var_name}/{metric_name}"' in source and 'metric_sec = "val-core"' in source
+    theirs = {f"val-core/{s}/{var}/{m}": v for s, vars_ in verl_metrics.items() for var, ms in vars_.items() for m, v in ms.items()}
+    ours = trainer.validation_metrics({"openai/gsm8k": [1.0, 0.0, 1.0]})
+    assert theirs == {"val-core/openai/gsm8k/reward/mean@1": pytest.approx(2 / 3)}
+    assert ours["val-core/openai/gsm8k/reward/mean@1"] == pytest.approx(2 / 3)
+    assert set(ours) - set(theirs) == {"val-core/openai/gsm8k/reward/mean"}  # the older name, trainer.LEGACY_METRICS
+
+
+def test_the_names_our_cli_reads_are_still_written():
+    batch = fake_step(with_critic=False)
+    ours = {**trainer.data_metrics(batch, batch["token_level_scores"], batch["token_level_rewards"], 3),
+            **trainer.step_metrics(1, 0, batch, {"step": 1.0})}
+    assert {"critic/score/mean", "perf/throughput"} <= set(ours)  # installer/verl_deploy/runs.py summarize_metrics

@@ -200,7 +200,7 @@ class SingleControllerTrainer:
             batch.update(prompt_fields(chunk, 1))
             for source, score in zip(batch["data_source"], self.reward.score(batch).tolist()):
                 by_source.setdefault(source, []).append(score)
-        return {f"val-core/{source}/reward/mean": sum(s) / len(s) for source, s in by_source.items()}
+        return validation_metrics(by_source)
 
     def load_prompts(self, files: list[str], split: str) -> list[Prompt]:
         """Tokenized prompts of data files, or of a generated toy task ("toy:<task>")."""
@@ -357,34 +357,50 @@ def prompt_fields(prompts: list[Prompt], n: int) -> dict[str, list]:
 
 
 def data_metrics(batch: dict, scores: torch.Tensor, rewards: torch.Tensor, max_prompt_length: int) -> dict[str, float]:
-    """verl's compute_data_metrics: scores, rewards, advantages, returns, values, lengths."""
+    """verl's compute_data_metrics: scores, rewards, advantages, returns, values, lengths, aborted samples.
+
+    As in verl, lengths come from the attention mask, and score/reward statistics leave out aborted (empty)
+    responses; when every response is empty those statistics are left out (verl logs NaN). One device sync.
+    """
     mask = batch["response_mask"].bool()
     max_response_length = mask.shape[1]
-    response_length = mask.sum(-1).float()
+    response_length = batch["attention_mask"][:, -max_response_length:].sum(-1).float()
     prompt_length = batch["attention_mask"][:, :-max_response_length].sum(-1).float()
-    metrics = {}
+    non_aborted = response_length > 0
+    stats: dict[str, torch.Tensor] = {}
 
     def describe(name: str, values: torch.Tensor) -> None:
-        values = values.float()
-        metrics.update({f"{name}/mean": values.mean().item(), f"{name}/max": values.max().item(), f"{name}/min": values.min().item()})
+        if values.numel():
+            values = values.float()
+            stats.update({f"{name}/mean": values.mean(), f"{name}/max": values.max(), f"{name}/min": values.min()})
 
-    describe("critic/score", scores.sum(-1))
-    describe("critic/rewards", rewards.sum(-1))
+    describe("critic/score", scores.sum(-1)[non_aborted])
+    describe("critic/rewards", rewards.sum(-1)[non_aborted])
     describe("critic/advantages", batch["advantages"][mask])
     describe("critic/returns", batch["returns"][mask])
     if "values" in batch:
         values, returns = batch["values"][mask], batch["returns"][mask]
         describe("critic/values", values)
-        metrics["critic/vf_explained_var"] = (1 - (returns - values).var() / (returns.var() + 1e-5)).item()
-    describe("response_length", response_length)
-    metrics["response_length/clip_ratio"] = (response_length == max_response_length).float().mean().item()
+        stats["critic/vf_explained_var"] = 1 - (returns - values).var() / (returns.var() + 1e-5)
+    for name, lengths in (("response_length", response_length), ("response_length_non_aborted", response_length[non_aborted])):
+        describe(name, lengths)
+        if lengths.numel():
+            stats[f"{name}/clip_ratio"] = (lengths == max_response_length).float().mean()
+    stats["response/aborted_ratio"] = (~non_aborted).float().mean()
     describe("prompt_length", prompt_length)
-    metrics["prompt_length/clip_ratio"] = (prompt_length == max_prompt_length).float().mean().item()
-    return metrics
+    stats["prompt_length/clip_ratio"] = (prompt_length == max_prompt_length).float().mean()
+    return dict(zip(stats, torch.stack([v.float().to(mask.device) for v in stats.values()]).tolist()))
+
+
+# verl's compute_timing_metrics: per-token milliseconds of these phases, over response tokens (gen) or all tokens
+_TOKENS_TIMED = {"gen": "response", "ref": "all", "values": "all", "adv": "all", "update_critic": "all", "update_actor": "all"}
 
 
 def step_metrics(step: int, epoch: int, batch: dict, timing: dict[str, float]) -> dict[str, float]:
-    """Timings, throughput and position of one step (verl's timing_s/*, perf/*, training/*)."""
+    """Timings, throughput and position of one step (verl's timing_s/*, perf/*, training/*).
+
+    timing_s/controller (the step's time outside the workers) is ours; verl has no such phase.
+    """
     tokens = int(batch["attention_mask"].sum())
     return {
         **{f"timing_s/{name}": seconds for name, seconds in timing.items()},
@@ -394,6 +410,38 @@ def step_metrics(step: int, epoch: int, batch: dict, timing: dict[str, float]) -
         "perf/time_per_step": timing["step"],
         "perf/throughput": tokens / timing["step"],
     }
+
+
+# verl's compute_timing_metrics: per-token milliseconds of these phases, over response tokens (gen) or all tokens
+_TOKENS_TIMED = {"gen": "response", "ref": "all", "values": "all", "adv": "all", "update_critic": "all", "update_actor": "all"}
+
+
+def timing_per_token_metrics(batch: dict, timing: dict[str, float]) -> dict[str, float]:
+    """verl's timing_per_token_ms/* for the phases timed. Not yet part of step_metrics: tests/test_trainer.py's
+    comparable() drops timing_s/* but not these, and they differ from run to run."""
+    response_width = batch["response_mask"].shape[1]
+    counts = {"response": int(batch["attention_mask"][:, -response_width:].sum()), "all": int(batch["attention_mask"].sum())}
+    return {
+        f"timing_per_token_ms/{name}": timing[name] * 1000 / counts[kind] if counts[kind] else 0.0
+        for name, kind in _TOKENS_TIMED.items()
+        if name in timing
+    }
+
+
+def validation_metrics(scores_by_source: dict[str, list[float]]) -> dict[str, float]:
+    """Mean validation reward per data source, named as verl names one greedy sample per prompt:
+    val-core/<data_source>/reward/mean@1. The older name without "@1" is written too, for readers of it."""
+    metrics = {}
+    for source, scores in scores_by_source.items():
+        mean = sum(scores) / len(scores)
+        metrics[f"val-core/{source}/reward/mean@1"] = mean
+        metrics[f"val-core/{source}/reward/mean"] = mean  # before verl's spelling; LEGACY_METRICS
+    return metrics
+
+
+# Names we write that verl does not: the per-source validation mean under its pre-"@1" name, still read by
+# tests/test_trainer.py and tests/test_cli_runtime.py, and the controller's own time.
+LEGACY_METRICS = ("val-core/{source}/reward/mean", "timing_s/controller")
 
 
 @contextlib.contextmanager
