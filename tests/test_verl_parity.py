@@ -19,9 +19,10 @@ CASES = 50
 
 
 @pytest.fixture(scope="module")
-def verl(request):
+def verl(request, tmp_path_factory):
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider: download into tmp
     try:
-        root = fetch_wheel(request.config.cache.mkdir("verl-wheel"))
+        root = fetch_wheel(cache.mkdir("verl-wheel") if cache else tmp_path_factory.mktemp("verl-wheel"))
     except WheelUnavailable as error:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"{error} (CI=true: the parity tests must run)")
