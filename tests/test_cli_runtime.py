@@ -36,7 +36,8 @@ def test_train_writes_the_run_directory_and_exits_0(tmp_path, tiny_model_dir, gs
     config = write_config(tmp_path / "gsm8k.yaml", tiny_model_dir, gsm8k_dir / "train.parquet")
     done = subprocess.run(
         [sys.executable, "-m", "verl_runtime", "train", str(config), "--set", "trainer.experiment_name=cli",
-         "--set", f"data.val_files={gsm8k_dir / 'train.parquet'}", "--set", "trainer.test_freq=1"],
+         "--set", f"data.val_files={gsm8k_dir / 'train.parquet'}", "--set", "trainer.test_freq=1",
+         "--set", "trainer.val_before_train=false"],
         capture_output=True, text=True, cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr

@@ -103,7 +103,7 @@ def test_fit_writes_verl_metrics_validation_and_checkpoints(tmp_path, tiny_model
     config = short_run(
         tmp_path, f"model.path={tiny_model_dir}", "algorithm.adv_estimator=grpo", "rollout.n=2",
         "data.val_files=toy:letter", "trainer.test_freq=2", "trainer.save_freq=1", "trainer.keep_last=2",
-        "trainer.total_training_steps=3",
+        "trainer.total_training_steps=3", "trainer.val_before_train=false",
     )
     SingleControllerTrainer(config).fit()
     metrics = read_metrics(tmp_path)

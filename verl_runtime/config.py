@@ -2,7 +2,9 @@
 
 Keys follow verl's names where verl has one (``actor.ppo_mini_batch_size``, ``algorithm.adv_estimator``, ...)
 and the single-controller tutorial's keys are real keys (``data.batch_size``, ``train.num_epochs``,
-``model.pretrained_model_name_or_path``). A few aliases map a second spelling onto the one stored value.
+``model.pretrained_model_name_or_path``). Aliases map a second spelling onto the one stored value, verl's full
+names among them (``actor_rollout_ref.actor.optim.lr`` is ``actor.lr``); every other key of verl 0.9.1's tree is
+accepted with a one-line warning or refused with a one-line reason, as :mod:`verl_runtime.verl_keys` says.
 Every problem is a :class:`ConfigError` with one line that names the key.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +21,7 @@ from typing import Any, Union
 
 import yaml
 
+from verl_runtime import verl_keys
 from verl_runtime.errors import ConfigError
 
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_plus_plus")
@@ -145,7 +149,7 @@ class TrainerConfig:
     num_epochs: int = 1  # verl: trainer.total_epochs
     total_training_steps: int | None = None  # stop earlier than num_epochs
     test_freq: int = -1  # validate every N steps (and at the end); -1: never
-    val_before_train: bool = False
+    val_before_train: bool = True  # as verl: validate before the first step (when data.val_files is set)
     save_freq: int = -1  # checkpoint every N steps; checkpoints are also written at the end and on SIGTERM/SIGINT/SIGHUP
     keep_last: int = 2  # checkpoints kept
     resume: str = "auto"  # auto: continue from the run directory's latest checkpoint | disable
@@ -154,6 +158,9 @@ class TrainerConfig:
     # slot of cpus_per_worker CPUs (or one GPU), training data-parallel (actor.strategy / critic.strategy).
     # null (the default): one per visible GPU on CUDA, else 1. `verl-deploy run` sets it to --gpus x --nodes.
     n_workers: int | None = None
+    # verl's names for the world size: n_workers = n_gpus_per_node x nnodes (null: not given)
+    n_gpus_per_node: int | None = None
+    nnodes: int | None = None
     cpus_per_worker: int = 1
     placement: str = "colocated"  # colocated: all roles share the workers | split: the critic gets its own n_workers
 
@@ -190,13 +197,23 @@ class Config:
         return dataclasses.asdict(self)
 
 
-# Second spellings of a key (verl's or the tutorial's) -> the stored key. A prefix alias maps a whole section.
+# verl keys whose value is translated, not only renamed (see _from_verl).
+_TRANSLATED = (
+    "trainer.logger", "data.filter_overlong_prompts", "custom_reward_function.path", "custom_reward_function.name",
+    "reward.custom_reward_function.path", "reward.custom_reward_function.name", "reward_model.enable",
+    "reward.reward_model.enable",
+)
+
+# Second spellings of a key (the tutorial's, then verl's: verl_keys.RULES) -> the stored key. A prefix alias maps a
+# whole section.
 ALIASES = {
     "model.path": "model.pretrained_model_name_or_path",
-    "data.train_batch_size": "data.batch_size",
     "train": "trainer",
-    "trainer.total_epochs": "trainer.num_epochs",
-    "trainer.resume_mode": "trainer.resume",
+    **{
+        rule.pattern: rule.target
+        for rule in verl_keys.RULES
+        if rule.kind == verl_keys.MAPS and rule.pattern not in _TRANSLATED and rule.pattern != rule.target
+    },
 }
 
 # What each algorithm changes from the defaults (verl's example scripts for each estimator).
@@ -231,33 +248,51 @@ def get_default_config(algo: str = "ppo") -> Config:
     return config
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults for the file's algorithm, then the YAML file, then ``key=value`` overrides; validated."""
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), warn: bool = True) -> Config:
+    """Defaults for the file's algorithm, then the YAML file, then ``key=value`` overrides; validated.
+
+    Overrides take verl's (Hydra's) forms too: ``+key=value`` (add) and ``++key=value`` are ``key=value``, and
+    ``~key`` drops what the file or an earlier override set (back to the default). verl's keys are translated, or
+    warned about (one ``warning:`` line on stderr each, unless ``warn`` is false) or refused (verl_keys.RULES)."""
     values: dict[str, tuple[Any, str]] = {}  # dotted key -> (value, where it came from)
     if path is not None:
         for key, value in _flatten(_read_yaml(Path(path))).items():
             values[_canonical(key)] = (value, f"in {path}")
     for item in overrides:
         key, value = parse_override(item)
-        values[_canonical(key)] = (value, "in --set")
+        key = _canonical(key)
+        values.pop(key, None)  # the last one given counts, in its place (~key: none does)
+        if value is not DELETE:
+            values[key] = (value, "in --set")
+    values = _from_verl(values, warn)
     estimator = values.get("algorithm.adv_estimator", ("gae", ""))[0]
     config = get_default_config(_PRESET_OF_ESTIMATOR.get(str(estimator), "ppo"))
     for key, (value, origin) in values.items():
         set_value(config, key, value, origin)
+    _set_world_size(config)
     validate(config)
     return config
 
 
+DELETE = object()  # the value of a `~key` override
+
+
 def parse_override(item: str) -> tuple[str, Any]:
-    """``a.b=c`` -> ("a.b", c) with c read as a YAML scalar (16 -> int, true -> bool, null -> None, [a, b] -> list)."""
+    """``a.b=c`` -> ("a.b", c) with c read as YAML (16 -> int, true/True -> bool, null -> None, [a, b] -> list,
+    'quoted' -> str); Hydra's ``+a.b=c`` and ``++a.b=c`` are the same; ``~a.b`` -> ("a.b", DELETE)."""
+    if item.startswith("~") and "=" not in item:
+        return item[1:].strip(), DELETE
     key, sep, text = item.partition("=")
-    if not sep or not key.strip():
+    key = key.strip().lstrip("+")
+    if not sep or not key:
         raise ConfigError(f"--set expects key=value, got {item!r}")
     try:
         value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
         value = text
-    return key.strip(), value
+    if isinstance(value, str) and "${" in value:
+        raise ConfigError(f"{key}: interpolations ({value}) are not supported here: give the value itself")
+    return key, value
 
 
 def set_value(config: Config, key: str, value: Any, origin: str = "") -> None:
@@ -383,6 +418,79 @@ def diff_configs(old_yaml: str, new: Config) -> dict[str, list]:
 # --- helpers -----------------------------------------------------------------------------------------------------
 
 
+def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tuple[Any, str]]:
+    """Our keys as they are; verl's keys that are not ours translated (verl_keys.RULES): warned about and dropped,
+    refused in one line, or turned into our keys. Unknown keys are left for set_value to name."""
+    ours = set(all_keys())
+    out: dict[str, tuple[Any, str]] = {}
+    reward_path = reward_name = None  # (value, origin) of verl's custom_reward_function.{path,name}
+    reward_model_enabled = None
+    for key, (value, origin) in values.items():
+        rule = None if key in ours else verl_keys.rule_for(key)
+        if rule is None:
+            out[key] = (value, origin)
+        elif rule.kind == verl_keys.IGNORED:
+            if warn:
+                _warn(f"{key} has no effect here: {rule.reason}")
+        elif rule.kind == verl_keys.REFUSED:
+            if not any(_same_value(value, ok) for ok in rule.accepts):
+                accepted = " or ".join("null" if ok is None else repr(ok) for ok in rule.accepts)
+                unless = f" (accepted: {accepted})" if accepted else ""
+                raise ConfigError(f"{key}={value!r} {origin} is refused: {rule.reason}{unless}")
+        elif key == "trainer.logger":
+            loggers = [value] if isinstance(value, str) else list(value or [])
+            out["trainer.tensorboard"] = ("tensorboard" in loggers, origin)
+            others = [name for name in loggers if name not in ("console", "tensorboard")]
+            if others and warn:
+                _warn(f"trainer.logger: {', '.join(map(str, others))} not here: metrics go to the console and "
+                      "metrics.jsonl (and TensorBoard with tensorboard)")
+        elif key == "data.filter_overlong_prompts":
+            if _coerce(key, value, bool):
+                out["data.truncation"] = ("filter", origin)
+        elif key.endswith("custom_reward_function.path"):
+            reward_path = (value, origin)
+        elif key.endswith("custom_reward_function.name"):
+            reward_name = (value, origin)
+        elif key.endswith("reward_model.enable"):
+            reward_model_enabled = None if value is None else _coerce(key, value, bool)
+        else:
+            raise AssertionError(f"no translation for {key}")  # a maps rule missing from ALIASES and _TRANSLATED
+    if reward_path and reward_path[0]:
+        name = reward_name[0] if reward_name and reward_name[0] else ""
+        out["reward.function"] = (f"{reward_path[0]}:{name}" if name else str(reward_path[0]), reward_path[1])
+    if reward_model_enabled is False:
+        out.pop("reward.model_path", None)
+    return out
+
+
+def _same_value(value: Any, accepted: Any) -> bool:
+    """value == accepted, where true is not 1 and 0 is not false."""
+    return value == accepted and isinstance(value, bool) == isinstance(accepted, bool)
+
+
+def _set_world_size(config: Config) -> None:
+    """trainer.n_gpus_per_node x trainer.nnodes (verl's names) set trainer.n_workers; one line where they disagree."""
+    trainer = config.trainer
+    if trainer.n_gpus_per_node is None and trainer.nnodes is None:
+        return
+    if trainer.n_gpus_per_node is None:
+        raise ConfigError("trainer.nnodes needs trainer.n_gpus_per_node: the world size is their product")
+    for key, value in (("trainer.n_gpus_per_node", trainer.n_gpus_per_node), ("trainer.nnodes", trainer.nnodes)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{key} must be at least 1, got {value}")
+    world = trainer.n_gpus_per_node * (trainer.nnodes or 1)
+    if trainer.n_workers is not None and trainer.n_workers != world:
+        raise ConfigError(
+            f"trainer.n_workers={trainer.n_workers} but trainer.n_gpus_per_node x trainer.nnodes = "
+            f"{trainer.n_gpus_per_node} x {trainer.nnodes or 1} = {world}: give one of them, or equal ones"
+        )
+    trainer.n_workers = world
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 def _read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
@@ -411,9 +519,10 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _canonical(key: str) -> str:
+    """The stored key of a spelling; an alias may lead to another (actor_rollout_ref.model.path -> model.path)."""
     for alias, target in ALIASES.items():
         if key == alias or key.startswith(alias + "."):
-            return target + key[len(alias) :]
+            return _canonical(target + key[len(alias) :]) if target != alias else key
     return key
 
 
@@ -434,8 +543,8 @@ def _suggest(word: str, choices: typing.Iterable[str]) -> str:
 
 
 def _unknown_key(key: str, origin: str) -> typing.NoReturn:
-    keys = all_keys() + list(ALIASES)
-    match = _closest(key, keys)
+    keys = all_keys() + list(ALIASES) + sorted(verl_keys.verl_keys() - set(ALIASES))
+    match = _same_words(key, keys) or _closest(key, keys)
     if match is None:  # a misspelt name in a known section, e.g. actor.learning_rate
         section, _, name = key.rpartition(".")
         names = {k.rpartition(".")[2]: k for k in keys if k.startswith(section + ".")}
@@ -444,6 +553,15 @@ def _unknown_key(key: str, origin: str) -> typing.NoReturn:
     hint = f"; did you mean {match!r}?" if match else ""
     where = f" {origin}" if origin else ""
     raise ConfigError(f"unknown config key {key!r}{where}{hint}")
+
+
+def _same_words(key: str, keys: list[str]) -> str | None:
+    """The shortest key of the same section whose name holds every word of the given name: trainer.total_steps ->
+    trainer.total_training_steps (difflib alone would say trainer.total_epochs, which counts something else)."""
+    section, _, name = key.rpartition(".")
+    words = set(name.split("_"))
+    found = [k for k in keys if k.rpartition(".")[0] == section and words <= set(k.rpartition(".")[2].split("_"))]
+    return min(found, key=len) if found and len(words) > 1 else None
 
 
 def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:

@@ -77,7 +77,11 @@ def _launcher(target: str | None, run_id: str | None, runs_dir: Path | None, nam
 
 @app.command()
 def run(
-    config: Path = typer.Argument(None, help="Training config (YAML), e.g. examples/quickstart.yaml (with --resume: the run's own by default)."),
+    args: list[str] = typer.Argument(
+        None, metavar="[CONFIG] [-- KEY=VALUE ...]",
+        help="Training config (YAML), e.g. examples/quickstart.yaml (with --resume: the run's own by default), then "
+             "config overrides as verl takes them (after --, e.g. -- trainer.total_epochs=2 "
+             "actor_rollout_ref.actor.optim.lr=1e-6); without CONFIG: our defaults and the overrides. See docs/verl.md."),
     target: str = typer.Option(None, "--target", "-t", help="local | docker | k8s (default: docker; with --resume: the run's)."),
     gpus: str = typer.Option(None, "--gpus", help="all, a count (2), indices (0,1) or UUIDs (GPU-...)."),
     image: str = typer.Option(None, "--image", help="Image to run (default: the variant's local tag)."),
@@ -108,10 +112,11 @@ def run(
     from verl_deploy.launchers import (
         CLUSTER_GPU_VARIANT, LaunchError, default_image, ensure_default_image, get_launcher,
     )
-    from verl_deploy.launchers.jobspec import build_spec, parse_env, parse_gpus
+    from verl_deploy.launchers.jobspec import build_spec, parse_env, parse_gpus, world_of
 
     root = runs_dir or runs.default_runs_root()
     try:
+        config, overrides = _config_and_overrides(args or [], overrides)
         if resume:
             again = runs.plan_resume(root, resume, config=config, target=target, overrides=overrides, gpus=gpus,
                                      nodes=nodes, image=image)
@@ -119,12 +124,14 @@ def run(
                                                              again.nodes, again.image)
             for change in again.changes:
                 typer.echo(f"resume {resume}: {change}", err=True)
-        elif config is None:
-            raise ValueError("which config? `verl-deploy run CONFIG` (e.g. examples/quickstart.yaml), or --resume RUN")
+        elif config is None and not overrides:
+            raise ValueError("which config? `verl-deploy run CONFIG` (e.g. examples/quickstart.yaml), "
+                             "`verl-deploy run -- KEY=VALUE ...` (verl's overrides on our defaults), or --resume RUN")
         elif run_id and runs.read_record(root / run_id):
             raise ValueError(f"run {run_id} already exists under {root}: `--resume {run_id}` continues it, or choose "
                              "another --run-id")
-        target, nodes = target or "docker", nodes or 1
+        target = target or "docker"
+        gpus, nodes = world_of(config, tuple(overrides), gpus, nodes)  # --gpus/--nodes, or verl's keys for them
         extra_env = parse_env(env)
         wanted_gpus = parse_gpus(gpus).wanted
         variant = variant or ("auto" if wanted_gpus else "cpu")
@@ -165,6 +172,20 @@ def run(
     if not detach:
         typer.echo(f"run {spec.run_id} ended with exit code {code}; run directory: {spec.run_dir}", err=True)
     raise typer.Exit(code)
+
+
+def _config_and_overrides(args: list[str], settings: list[str]) -> tuple[Path | None, list[str]]:
+    """`run`'s arguments: an optional CONFIG file first, then KEY=VALUE overrides (verl's: +key=value too), which
+    come after the --set ones; ValueError for one that is not KEY=VALUE."""
+    config = None
+    if args and "=" not in args[0] and not args[0].startswith(("+", "~")):
+        config, args = Path(args[0]), args[1:]
+    overrides = [*settings, *args]
+    for override in overrides:
+        if "=" not in override:
+            hint = " (dropping a key, ~key, is for python -m verl_runtime.main_ppo)" if override.startswith("~") else ""
+            raise ValueError(f"override {override!r} needs the form key=value{hint}")
+    return config, [override.lstrip("+") for override in overrides]
 
 
 @app.command()

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import verl_runtime
 from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR  # noqa: F401 (the launchers read them from here)
 
 RUN_ID_LABEL = "verl-deploy.run-id"
@@ -28,6 +29,8 @@ DATA_DIR = "/data"
 # Hub settings that travel from the caller's environment into the run (not secrets): a mirror, offline mode.
 HUB_ENV = ("HF_ENDPOINT", "HF_HUB_OFFLINE")
 
+# The config of a run given no CONFIG file, only overrides (verl's way): our defaults, then the overrides.
+NO_CONFIG = Path(verl_runtime.__file__).with_name("main_ppo.yaml")
 DEFAULT_SHM = "16g"  # PyTorch data loaders and NCCL need far more than Docker's 64 MB default.
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain: what a PVC or storage class is called
@@ -204,6 +207,39 @@ def parse_env(items) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
+def config_file(config: str | Path | None) -> Path:
+    """The config file given (it must exist), or NO_CONFIG for none."""
+    if config is None:
+        return NO_CONFIG
+    path = Path(config).expanduser()
+    if not path.is_file():
+        raise LaunchError(f"config file {str(config)!r} does not exist: pass a YAML file such as examples/quickstart.yaml")
+    return path
+
+
+def world_of(path: Path | None, overrides: tuple[str, ...], gpus: str | None, nodes: int | None,
+             warn: bool = False) -> tuple[str | None, int]:
+    """--gpus and --nodes, derived from verl's trainer.n_gpus_per_node and trainer.nnodes when not given (GPUs only
+    where trainer.device is not cpu); LaunchError (one line) where the flags and the config disagree."""
+    from verl_runtime.config import load_config
+    from verl_runtime.errors import UserError
+
+    try:
+        trainer = load_config(config_file(path), overrides, warn=warn).trainer
+    except UserError as exc:
+        raise LaunchError(str(exc)) from None
+    per_node, config_nodes = trainer.n_gpus_per_node, trainer.nnodes
+    asked = parse_gpus(gpus)
+    if per_node is not None and asked.number is not None and asked.wanted and asked.number != per_node:
+        raise LaunchError(f"trainer.n_gpus_per_node={per_node} but --gpus {asked} gives {asked.number} per node: drop "
+                          "one of them or make them equal")
+    if config_nodes is not None and nodes is not None and nodes != config_nodes:
+        raise LaunchError(f"trainer.nnodes={config_nodes} but --nodes {nodes}: drop one of them or make them equal")
+    if gpus is None and per_node is not None and trainer.device != "cpu":
+        gpus = str(per_node)
+    return gpus, nodes or config_nodes or 1
+
+
 def check_config(path: Path, overrides: tuple[str, ...], gpus: Gpus, nodes: int):
     """Load the config as the trainer will (keys, types, choices, sizes against the world size), so that a mistake
     stops here with the trainer's own one-line message, not after an image is started or a job scheduled. Returns
@@ -214,7 +250,7 @@ def check_config(path: Path, overrides: tuple[str, ...], gpus: Gpus, nodes: int)
 
     world = gpus.number * nodes if gpus.number else None
     try:
-        config = load_config(path, overrides)
+        config = load_config(path, overrides)  # its warnings (verl keys without effect here) shown once, here
         asked = config.trainer.n_workers
         if world and asked is not None and asked != world:
             raise LaunchError(f"trainer.n_workers={asked} but --gpus {gpus} x --nodes {nodes} gives {world} GPUs, one "
@@ -240,7 +276,7 @@ def host_reward_file(function: str | None) -> tuple[Path | None, str]:
 
 
 def build_spec(
-    config: str | Path,
+    config: str | Path | None,
     *,
     image: str,
     runs_root: Path,
@@ -252,7 +288,7 @@ def build_spec(
     memory: str | None = None,
     shm_size: str = DEFAULT_SHM,
     ipc_host: bool = False,
-    nodes: int = 1,
+    nodes: int | None = 1,
     hf_cache: Path | None = None,
     data_dir: Path | None = None,
     data_claim: str | None = None,
@@ -263,15 +299,18 @@ def build_spec(
     namespace: str = "default",
     environ: dict[str, str] | None = None,
 ) -> JobSpec:
-    """Check the user's input and assemble the spec; no side effects."""
-    config_path = Path(config).expanduser()
-    if not config_path.is_file():
-        raise LaunchError(f"config file {str(config)!r} does not exist: pass a YAML file such as examples/quickstart.yaml")
+    """Check the user's input and assemble the spec; no side effects. No config: our defaults and the overrides
+    (verl's way: NO_CONFIG). Overrides are `key=value` (verl's `+key=value` too); --gpus/--nodes not given come
+    from verl's trainer.n_gpus_per_node/trainer.nnodes (world_of)."""
+    config_path = config_file(config)
     for override in overrides:
         if "=" not in override:
-            raise LaunchError(f"--set {override!r} needs the form key=value")
-    if nodes < 1:
+            hint = ": dropping a key (~key) is for python -m verl_runtime.main_ppo" if override.startswith("~") else ""
+            raise LaunchError(f"override {override!r} needs the form key=value{hint}")
+    overrides = tuple(override.lstrip("+") for override in overrides)  # Hydra's +key=value is key=value here
+    if nodes is not None and nodes < 1:
         raise LaunchError("--nodes must be at least 1")
+    gpus, nodes = world_of(config_path, overrides, gpus, nodes)
     checked = check_config(config_path, overrides, parse_gpus(gpus), nodes)
     reward_file, reward_name = host_reward_file(checked.reward.function)
     if data_dir is not None and not Path(data_dir).is_dir():

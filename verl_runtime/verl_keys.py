@@ -1,0 +1,358 @@
+"""verl 0.9.1's config keys and what each does here: the one table that config loading and docs/verl.md read.
+
+Every key of verl's composed PPO config (``verl_0_9_1_keys.txt``, extracted from its wheel) falls under the first
+rule below whose pattern matches it (``*`` matches any text, dots included):
+
+- ``maps``: the key is a second name of one of ours (one stored value), e.g. ``actor_rollout_ref.actor.optim.lr``
+  is ``actor.lr``; where the value is translated (``trainer.logger``), the reason says how;
+- ``ignored``: accepted with a one-line warning: it has no effect here, and the reason says why (memory, speed,
+  engine plumbing: the numbers do not change);
+- ``refused``: ignoring it would change the results, so a value other than the ones listed in ``accepts`` (verl's
+  default, which is what we do) stops the run with a one-line reason. The accepted values pass silently.
+
+Keys without a rule of their own here are ours under the same name (``data.train_files``, ``trainer.save_freq``).
+The list is regenerated with ``python -m verl_runtime.verl_keys verl-0.9.1-py3-none-any.whl``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+VERL_VERSION = "0.9.1"
+KEYS_FILE = Path(__file__).with_name("verl_0_9_1_keys.txt")
+
+MAPS, IGNORED, REFUSED = "maps", "ignored", "refused"
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: str  # a verl key, or a pattern with * (fnmatch)
+    kind: str  # maps | ignored | refused
+    target: str = ""  # maps: our key
+    reason: str = ""  # why (ignored, refused), or what the mapping does beyond a rename
+    accepts: tuple = ()  # refused: the values that match what we do (verl's default among them)
+
+    def matches(self, key: str) -> bool:
+        return fnmatch.fnmatchcase(key, self.pattern)
+
+
+def _maps(pattern, target, reason=""):
+    return Rule(pattern, MAPS, target=target, reason=reason)
+
+
+def _ignored(pattern, reason):
+    return Rule(pattern, IGNORED, reason=reason)
+
+
+def _refused(pattern, reason, *accepts):
+    return Rule(pattern, REFUSED, reason=reason, accepts=accepts)
+
+
+_AR = "actor_rollout_ref"
+_ENGINE = "engine plumbing of verl's workers (sharding, compilation, kernels): our workers train the same numbers without it"
+_MEMORY = "memory and speed only: the numbers do not change"
+_ROLLOUT_ENGINE = "a setting of verl's rollout server (vLLM/SGLang scheduling, caching, graphs): speed only here"
+_SEED = "randomness here follows trainer.seed"
+_NO_VISION = "text-only here: multi-modal inputs are not read"
+_OTHER_LOSS = "used only by another actor_rollout_ref.actor.policy_loss.loss_mode, which is refused here"
+
+RULES: tuple[Rule, ...] = (
+    # --- one stored value: verl's names of our keys ----------------------------------------------------------------
+    _maps(f"{_AR}.model.path", "model.path"),
+    _maps(f"{_AR}.model.enable_gradient_checkpointing", "model.gradient_checkpointing"),
+    _maps(f"{_AR}.actor.optim.lr", "actor.lr"),
+    _maps(f"{_AR}.actor.optim.weight_decay", "actor.weight_decay"),
+    _maps(f"{_AR}.actor.optim.clip_grad", "actor.grad_clip"),
+    _maps(f"{_AR}.actor.grad_clip", "actor.grad_clip"),
+    _maps(f"{_AR}.actor.ppo_mini_batch_size", "actor.ppo_mini_batch_size"),
+    _maps(f"{_AR}.actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size_per_gpu"),
+    _maps(f"{_AR}.actor.ppo_epochs", "actor.ppo_epochs"),
+    _maps(f"{_AR}.actor.clip_ratio", "actor.clip_ratio"),
+    _maps(f"{_AR}.actor.clip_ratio_low", "actor.clip_ratio_low"),
+    _maps(f"{_AR}.actor.clip_ratio_high", "actor.clip_ratio_high"),
+    _maps(f"{_AR}.actor.clip_ratio_c", "actor.clip_ratio_c"),
+    _maps(f"{_AR}.actor.loss_agg_mode", "actor.loss_agg_mode"),
+    _maps(f"{_AR}.actor.entropy_coeff", "actor.entropy_coeff"),
+    _maps(f"{_AR}.actor.use_kl_loss", "actor.use_kl_loss"),
+    _maps(f"{_AR}.actor.kl_loss_coef", "actor.kl_loss_coef"),
+    _maps(f"{_AR}.actor.kl_loss_type", "actor.kl_loss_type"),
+    _maps(f"{_AR}.rollout.name", "rollout.name", "hf, builtin or vllm here (sglang is not)"),
+    _maps(f"{_AR}.rollout.n", "rollout.n"),
+    _maps(f"{_AR}.rollout.temperature", "rollout.temperature"),
+    _maps(f"{_AR}.rollout.top_p", "rollout.top_p"),
+    _maps(f"{_AR}.rollout.top_k", "rollout.top_k"),
+    _maps(f"{_AR}.rollout.do_sample", "rollout.do_sample"),
+    _maps(f"{_AR}.rollout.gpu_memory_utilization", "rollout.gpu_memory_utilization"),
+    _maps(f"{_AR}.rollout.tensor_model_parallel_size", "rollout.tensor_model_parallel_size"),
+    _maps(f"{_AR}.rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu"),
+    _maps(f"{_AR}.ref.log_prob_micro_batch_size_per_gpu", "ref.log_prob_micro_batch_size_per_gpu"),
+    _maps("critic.optim.lr", "critic.lr"),
+    _maps("critic.optim.weight_decay", "critic.weight_decay"),
+    _maps("critic.optim.clip_grad", "critic.grad_clip"),
+    _maps("critic.model.path", "critic.model_path"),
+    _maps("data.train_batch_size", "data.batch_size"),
+    _maps("trainer.total_epochs", "trainer.num_epochs"),
+    _maps("trainer.resume_mode", "trainer.resume", "auto or disable (resume_path: see trainer.resume_from_path)"),
+    _maps("trainer.logger", "trainer.tensorboard",
+          "tensorboard in the list turns trainer.tensorboard on; console and metrics.jsonl are always written; "
+          "other trackers (wandb, mlflow, swanlab) are not here: a warning"),
+    _maps("data.filter_overlong_prompts", "data.truncation", "true sets data.truncation=filter"),
+    _maps("custom_reward_function.path", "reward.function", "with custom_reward_function.name: reward.function=PATH:NAME"),
+    _maps("custom_reward_function.name", "reward.function", "the function in custom_reward_function.path"),
+    _maps("reward.custom_reward_function.path", "reward.function", "as custom_reward_function.path"),
+    _maps("reward.custom_reward_function.name", "reward.function", "as custom_reward_function.name"),
+    _maps("reward_model.model.path", "reward.model_path", "used when reward_model.enable is not false"),
+    _maps("reward.reward_model.model_path", "reward.model_path", "used when reward.reward_model.enable is not false"),
+    _maps("reward_model.enable", "reward.model_path", "false: no reward model, whatever its path"),
+    _maps("reward.reward_model.enable", "reward.model_path", "false: no reward model, whatever its path"),
+    _maps("trainer.n_gpus_per_node", "trainer.n_gpus_per_node", "x trainer.nnodes = trainer.n_workers, the world size"),
+    _maps("trainer.nnodes", "trainer.nnodes", "x trainer.n_gpus_per_node = trainer.n_workers, the world size"),
+    _maps("ray_kwargs.ray_init.num_cpus", "ray.num_cpus"),
+    # --- would change the results if ignored: refused unless the value is what we do --------------------------------
+    _refused("trainer.resume_from_path", "resuming from a given checkpoint is not here: a run resumes from its own "
+             "run directory (trainer.run_dir; verl-deploy run --resume RUN)", None),
+    _refused("trainer.critic_warmup", "the actor is updated from the first step here", 0),
+    _refused("trainer.val_only", "a validation-only run is not here", False),
+    _refused("trainer.v1.trainer_mode", "training is synchronous here (rollout, then update)", "sync"),
+    _refused("algorithm.use_pf_ppo", "PF-PPO (reweighting samples) is not here", False),
+    _refused("algorithm.filter_groups.enable", "dynamic sampling (DAPO's group filtering) is not here", False),
+    _refused("algorithm.rollout_correction.rollout_is", "rollout importance sampling is not here", None),
+    _refused("algorithm.rollout_correction.rollout_rs", "rollout rejection sampling is not here", None),
+    _refused("algorithm.rollout_correction.bypass_mode", "the old log-probs are always recomputed by the actor here", False),
+    _refused(f"{_AR}.actor.policy_loss.loss_mode", "only the vanilla PPO clip loss is here", "vanilla"),
+    _refused(f"{_AR}.actor.loss_scale_factor", "the loss is aggregated by actor.loss_agg_mode alone here", None),
+    _refused(f"{_AR}.actor.shuffle", "mini-batches keep the batch's order here", False),
+    _refused(f"{_AR}.actor.ppo_micro_batch_size", "a global micro-batch size is not here: use "
+             f"{_AR}.actor.ppo_micro_batch_size_per_gpu", None),
+    _refused(f"{_AR}.*.log_prob_micro_batch_size", "a global micro-batch size is not here: use "
+             "log_prob_micro_batch_size_per_gpu", None),
+    _refused(f"{_AR}.*qat.enable", "quantization-aware training is not here", False),
+    _refused(f"{_AR}.rollout.val_kwargs.n", "validation samples one greedy response per prompt here", 1),
+    _refused(f"{_AR}.rollout.val_kwargs.do_sample", "validation is greedy here", False),
+    _refused(f"{_AR}.rollout.val_kwargs.temperature", "validation is greedy here", 0, 0.0),
+    _ignored(f"{_AR}.rollout.val_kwargs.*", "validation is greedy here: top_k and top_p do not apply"),
+    _refused(f"{_AR}.rollout.multi_turn.enable", "multi-turn rollouts (tools) are not here", False),
+    _refused(f"{_AR}.rollout.ignore_eos", "generation stops at the end-of-sequence token here", False),
+    _refused(f"{_AR}.rollout.over_sample_rate", "over-sampling and aborting rollouts is not here", 0),
+    _refused(f"{_AR}.rollout.quantization", "the rollout runs the trained weights unquantized here", None),
+    _refused(f"{_AR}.rollout.disaggregation.enabled", "rollouts are generated in one engine here", False),
+    _refused(f"{_AR}.model.mtp.enable", "multi-token prediction is not here", False),
+    _refused("*model.lora_rank", "LoRA is not here: every weight trains", 0),
+    _refused(f"{_AR}.model.lora.rank", "LoRA is not here: every weight trains", 0),
+    _refused("*model.lora_adapter_path", "LoRA is not here", None),
+    _refused(f"{_AR}.model.lora.adapter_path", "LoRA is not here", None),
+    _refused("*model.tokenizer_path", "the tokenizer is the model's own here", None),
+    _refused("*model.hf_config_path", "the model config is the model's own here", None),
+    _refused("*model.custom_chat_template", "the chat template is the tokenizer's own here", None),
+    _refused("*model.override_config", "the model config is used unchanged here", {}),
+    _refused("*model.external_lib", "no extra library is imported to load a model here", None),
+    _refused("data.tokenizer", "the tokenizer is the model's own here", None),
+    _refused("data.prompt_key", "prompts are read from the prompt column here", "prompt"),
+    _refused("data.reward_fn_key", "the scorer is chosen by the data_source column here", "data_source"),
+    _refused("data.train_max_samples", "every row of data.train_files is used here", -1),
+    _refused("data.val_max_samples", "every row of data.val_files is used here", -1),
+    _refused("data.gen_batch_size", "a step generates for data.train_batch_size prompts here", None),
+    _refused("data.custom_cls.path", "a custom dataset class is not here", None),
+    _refused("data.apply_chat_template_kwargs", "the chat template is applied with its defaults here", {}),
+    _refused("critic.ppo_mini_batch_size", f"the critic updates on {_AR}.actor.ppo_mini_batch_size here"),
+    _refused("critic.ppo_epochs", f"the critic trains {_AR}.actor.ppo_epochs epochs here"),
+    _refused("critic.shuffle", "mini-batches keep the batch's order here", False),
+    _refused("critic.loss_scale_factor", "the loss is aggregated by critic.loss_agg_mode alone here", None),
+    _refused("critic.ppo_micro_batch_size", "a global micro-batch size is not here: use critic.ppo_micro_batch_size_per_gpu", None),
+    _refused("*optim.optimizer", "the optimizer is AdamW here", "AdamW"),
+    _refused("*optim.optimizer_impl", "the optimizer is torch.optim's AdamW here", "torch.optim"),
+    _refused("*optim.betas", "AdamW's betas are (0.9, 0.999) here", [0.9, 0.999]),
+    _refused("*optim.lr_warmup_steps_ratio", "the learning rate is constant here (no warm-up)", 0, 0.0),
+    _refused("*optim.lr_warmup_steps", "the learning rate is constant here (no warm-up)", -1, 0),
+    _refused("*optim.lr_scheduler_type", "the learning rate is constant here", "constant"),
+    _refused("*optim.warmup_style", "the learning rate is constant here", None, "constant"),
+    _refused("*optim.override_optimizer_config", "the optimizer is used with its defaults here", None),
+    _ignored("*optim.*", "a learning-rate schedule setting: the learning rate is constant here"),
+    _refused("reward_model.reward_manager", "rewards are scored one response at a time (verl's naive manager) here", None, "naive"),
+    _refused("reward.reward_manager.name", "rewards are scored one response at a time (verl's naive manager) here", "naive"),
+    _refused("reward.reward_manager.source", "rewards are scored by verl's registered naive manager here", "register"),
+    _refused("reward.reward_manager.module.path", "a custom reward manager is not here", None),
+    _refused("*sandbox_fusion.url", "code execution in a sandbox (sandbox fusion) is not here", None),
+    _refused("distillation.enabled", "distillation from a teacher model is not here", False),
+    _refused("transfer_queue.enable", "the transfer queue is not here: batches pass through the controller", False),
+    _refused("skip.*.enable", "replaying dumped rollouts is not here", False),
+    # --- no effect on the numbers: accepted with a one-line warning ---------------------------------------------------
+    _ignored("*._target_", "the Python class Hydra builds the section with: no classes are built from the config here"),
+    _ignored(f"{_AR}.*.strategy", f"the sharding is actor.strategy here (dp | fsdp): {_ENGINE}"),
+    _ignored("critic.strategy", f"the sharding is critic.strategy here (dp | fsdp): {_ENGINE}"),
+    _ignored("*fsdp_config.*", _ENGINE),
+    _ignored("critic.fsdp.*", _ENGINE),
+    _ignored("*ulysses_sequence_parallel_size", "sequence parallelism: " + _MEMORY),
+    _ignored("*offload*", "offloading to CPU memory: " + _MEMORY),
+    _ignored("*use_remove_padding", "padding-free forward passes: " + _MEMORY),
+    _ignored("*use_fused_kernels", _ENGINE),
+    _ignored("*fused_kernel_options.*", _ENGINE),
+    _ignored("*use_liger", _ENGINE),
+    _ignored("*use_torch_compile", _ENGINE),
+    _ignored("*entropy_from_logits*", _MEMORY),
+    _ignored("*entropy_checkpointing", _MEMORY),
+    _ignored("*pad_to_length*", _MEMORY),
+    _ignored("*tiled_mlp.*", _MEMORY),
+    _ignored("*use_dynamic_bsz", "micro-batches by token count: " + _MEMORY),
+    _ignored("*max_token_len_per_gpu", "micro-batches by token count: " + _MEMORY),
+    _ignored("critic.forward_micro_batch_size*", "the critic's forward passes use critic.ppo_micro_batch_size_per_gpu: " + _MEMORY),
+    _ignored("*use_shm", "loading the model through shared memory: speed only"),
+    _ignored("*trust_remote_code", "models and tokenizers load without remote code here"),
+    _ignored("*.checkpoint.*", "what a checkpoint holds: here always the model, the optimizer and the step"),
+    _ignored("*profiler*", "verl's profilers are not here: timing_s/* metrics are written every step"),
+    _ignored("*seed", _SEED),
+    _ignored("*full_determinism", _SEED),
+    _ignored("*rollout_n", f"verl copies {_AR}.rollout.n here: set that"),
+    _ignored("critic.enable", "a critic is used exactly when algorithm.adv_estimator is gae"),
+    _ignored("critic.model.*", "the critic loads like the actor's model here (critic.model.path is read)"),
+    _ignored("*qat.*", "quantization-aware training is not here (its .enable is refused)"),
+    _ignored(f"{_AR}.model.lora_alpha", "LoRA is not here (lora_rank is refused)"),
+    _ignored(f"{_AR}.model.target_modules", "LoRA is not here (lora_rank is refused)"),
+    _ignored(f"{_AR}.model.exclude_modules", "LoRA is not here (lora_rank is refused)"),
+    _ignored(f"{_AR}.model.lora.*", "LoRA is not here (lora.rank is refused)"),
+    _ignored(f"{_AR}.model.mtp.*", "multi-token prediction is not here (mtp.enable is refused)"),
+    _ignored(f"{_AR}.model.enable_activation_offload", _MEMORY),
+    _ignored(f"{_AR}.actor.policy_loss.*", _OTHER_LOSS),
+    _ignored(f"{_AR}.actor.tau_*", _OTHER_LOSS),
+    _ignored(f"{_AR}.actor.freeze_vision_tower", _NO_VISION),
+    _ignored(f"{_AR}.actor.use_prefix_grouper", _MEMORY),
+    _ignored(f"{_AR}.actor.calculate_entropy", "actor/entropy is computed every step here"),
+    _ignored(f"{_AR}.actor.calculate_sum_pi_squared", "a diagnostic of other verl estimators: not computed here"),
+    _ignored(f"{_AR}.rollout.multi_turn.*", "multi-turn rollouts are not here (multi_turn.enable is refused)"),
+    _ignored(f"{_AR}.rollout.disaggregation.*", "rollouts are generated in one engine here (disaggregation.enabled is refused)"),
+    _ignored(f"{_AR}.rollout.prompt_length", "verl copies data.max_prompt_length here: set that"),
+    _ignored(f"{_AR}.rollout.response_length", "verl copies data.max_response_length here: set that"),
+    _ignored(f"{_AR}.rollout.n_gpus_per_node", "the rollout shares the trainer's GPUs here (trainer.n_gpus_per_node)"),
+    _ignored(f"{_AR}.rollout.nnodes", "the rollout shares the trainer's nodes here (trainer.nnodes)"),
+    _ignored(f"{_AR}.rollout.mode", "rollouts are generated in the trainer's step here, by rollout.name's engine"),
+    _ignored(f"{_AR}.rollout.calculate_log_probs", "rollout log-probs are compared to the actor's (rollout/logprob_diff) here"),
+    _ignored(f"{_AR}.rollout.logprobs_mode", "the old log-probs are recomputed by the actor here"),
+    _ignored(f"{_AR}.rollout.agent.*", "agent loops are not here: one response per sample"),
+    _ignored(f"{_AR}.rollout.trace.*", "rollout tracing is not here"),
+    _ignored(f"{_AR}.rollout.prometheus.*", "the rollout server's Prometheus metrics are not here"),
+    _ignored(f"{_AR}.rollout.checkpoint_engine.*", "weights reach the rollout engine in memory here"),
+    _ignored(f"{_AR}.rollout.quantization_config_file", "the rollout runs unquantized here (quantization is refused)"),
+    _ignored(f"{_AR}.rollout.mtp", "multi-token prediction is not here"),
+    _ignored(f"{_AR}.rollout.router_config_path", _ROLLOUT_ENGINE),
+    _ignored(f"{_AR}.rollout.skip_tokenizer_init", _ROLLOUT_ENGINE),
+    _ignored(f"{_AR}.rollout.enable_rollout_routing_replay", "MoE routing replay: not here (dense models)"),
+    _ignored(f"{_AR}.rollout.moe_load_balance_metrics_interval", "MoE metrics: not here (dense models)"),
+    _ignored(f"{_AR}.rollout.*", _ROLLOUT_ENGINE),
+    _ignored(f"{_AR}.hybrid_engine", "the actor and the rollout always share the workers (colocated) here"),
+    _ignored(f"{_AR}.nccl_timeout", "distributed timeouts are the launcher's here"),
+    _ignored("data.use_shm", "data is read from its files directly"),
+    _ignored("data.return_*", "what verl's dataset returns to its workers: plumbing"),
+    _ignored("data.dataloader_num_workers", "speed only"),
+    _ignored("data.validation_shuffle", "validation reads every prompt once; the order does not change its scores"),
+    _ignored("data.filter_overlong_prompts_workers", "speed only"),
+    _ignored("data.tool_config_path", "multi-turn tools are not here"),
+    _ignored("data.function_tool_path", "multi-turn tools are not here"),
+    _ignored("data.custom_cls.name", "a custom dataset class is not here (custom_cls.path is refused)"),
+    _ignored("data.image_*", _NO_VISION),
+    _ignored("data.video_key", _NO_VISION),
+    _ignored("data.audio_key", _NO_VISION),
+    _ignored("data.mm_processor_kwargs", _NO_VISION),
+    _ignored("trainer.balance_batch", "verl reorders a batch's samples to balance sequence lengths across workers; "
+             "samples stay in order here (with one worker nothing changes)"),
+    _ignored("trainer.project_name", "a tracker's project name: no tracker here (runs/<experiment_name> holds the run)"),
+    _ignored("trainer.log_val_generations", "validation generations are not logged here"),
+    _ignored("trainer.rollout_data_dir", "rollouts are not dumped here"),
+    _ignored("trainer.validation_data_dir", "validation generations are not dumped here"),
+    _ignored("trainer.default_local_dir", "checkpoints live in the run directory here (trainer.run_dir)"),
+    _ignored("trainer.default_hdfs_dir", "checkpoints live in the run directory here (trainer.run_dir)"),
+    _ignored("trainer.del_local_ckpt_after_load", "checkpoints live in the run directory here (trainer.keep_last)"),
+    _ignored("trainer.max_*_ckpt_to_keep", "trainer.keep_last says how many checkpoints are kept here"),
+    _ignored("trainer.checkpoint_callback_class", "no checkpoint callbacks here"),
+    _ignored("trainer.esi_redundant_time", "checkpoints are also written on SIGTERM here"),
+    _ignored("trainer.ray_wait_register_center_timeout", "verl's Ray register center is not here"),
+    _ignored("trainer.use_v1", "one trainer loop here"),
+    _ignored("trainer.v1.*", "training is synchronous here (trainer.v1.trainer_mode is refused)"),
+    _ignored("algorithm.rollout_correction.*", "rollout correction is not here (rollout_is and rollout_rs are refused)"),
+    _ignored("algorithm.filter_groups.*", "dynamic sampling is not here (filter_groups.enable is refused)"),
+    _ignored("algorithm.pf_ppo.*", "PF-PPO is not here (use_pf_ppo is refused)"),
+    _ignored("reward_model.*", "a setting of verl's reward-model workers; the reward model (reward.model_path) runs "
+             "in the trainer's workers here"),
+    _ignored("reward.reward_model.*", "a setting of verl's reward-model workers; the reward model (reward.model_path) "
+             "runs in the trainer's workers here"),
+    _ignored("reward.reward_manager.*", "a custom reward manager is not here (reward_manager.module.path is refused)"),
+    _ignored("reward.num_workers", "rewards are scored in the controller: speed only"),
+    _ignored("*sandbox_fusion.*", "sandbox fusion is not here (sandbox_fusion.url is refused)"),
+    _ignored("distillation.*", "distillation is not here (distillation.enabled is refused)"),
+    _ignored("transfer_queue.*", "the transfer queue is not here (transfer_queue.enable is refused)"),
+    _ignored("skip.*", "replaying dumped rollouts is not here (skip.*.enable is refused)"),
+    _ignored("ray_kwargs.*", "Ray starts with ray.* here (ray.address, ray.num_cpus)"),
+)
+
+
+@functools.cache
+def verl_keys() -> frozenset[str]:
+    """Every key of verl 0.9.1's composed PPO config."""
+    lines = KEYS_FILE.read_text().splitlines()
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
+def is_verl_key(key: str) -> bool:
+    """A key of verl's tree, or one under a mapping-valued key of it (``engine_kwargs.vllm.x``)."""
+    parts = key.split(".")
+    return any(".".join(parts[:n]) in verl_keys() for n in range(len(parts), 0, -1))
+
+
+def rule_for(key: str) -> Rule | None:
+    """The first rule matching a verl key, None for a key that is not verl's or has no rule (ours by its name)."""
+    if not is_verl_key(key):
+        return None
+    return next((rule for rule in RULES if rule.matches(key)), None)
+
+
+def extract_keys(wheel: str | Path) -> list[str]:
+    """The keys of verl/trainer/config/_generated_ppo_trainer.yaml in verl's wheel, in file order."""
+    import zipfile
+
+    import yaml
+
+    def flat(tree: dict, prefix: str = ""):
+        for name, value in tree.items():
+            if isinstance(value, dict) and value:
+                yield from flat(value, f"{prefix}{name}.")
+            else:
+                yield f"{prefix}{name}"
+
+    with zipfile.ZipFile(wheel) as archive:
+        return list(flat(yaml.safe_load(archive.read("verl/trainer/config/_generated_ppo_trainer.yaml"))))
+
+
+HEADER = (
+    "# Every key of verl 0.9.1's composed PPO config (verl/trainer/config/_generated_ppo_trainer.yaml in its wheel).\n"
+    "# Made by: pip download --no-deps verl==0.9.1 -d DIR && python -m verl_runtime.verl_keys DIR/verl-0.9.1-py3-none-any.whl\n"
+    "# tests/test_verl_cli.py checks it against the wheel (in CI: CI=true).\n"
+)
+
+
+def table_markdown() -> str:
+    """The rule table as docs/verl.md shows it (tests/test_verl_cli.py holds the two equal)."""
+    rows = ["| verl key | here | what it does here |", "|---|---|---|"]
+    for rule in RULES:
+        accepts = ", ".join(_show(value) for value in rule.accepts)
+        if rule.kind == MAPS:
+            here, what = f"= `{rule.target}`", rule.reason
+        elif rule.kind == REFUSED:
+            here, what = "refused" + (f" unless {accepts}" if accepts else ""), rule.reason
+        else:
+            here, what = "ignored (warning)", rule.reason
+        cells = [f"`{rule.pattern}`", here, what.replace("|", "\\|")]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _show(value) -> str:
+    import json
+
+    return "`null`" if value is None else f"`{json.dumps(value) if not isinstance(value, str) else value}`"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(HEADER + "\n".join(extract_keys(sys.argv[1])) + "\n")
