@@ -171,16 +171,46 @@ def test_the_whitening_estimators_refuse_an_all_masked_batch_as_verl_does(verl):
             fn(rewards, mask, config=Config(gamma=1.0))
 
 
-def test_registry_names_are_verls_and_the_missing_ones_are_named(verl):
-    theirs = set(verl.core_algos.ADV_ESTIMATOR_REGISTRY)
-    ours = set(A.ADV_ESTIMATOR_REGISTRY)
-    assert ours <= theirs
-    # gdpo needs per-component reward keys; the optimal-token-baseline pair needs sum_pi_squared from the actor
-    assert theirs - ours == {"gdpo", "optimal_token_baseline", "tir_optimal_token_baseline"}
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_optimal_token_baselines(verl, seed, name):
+    rewards, mask, index, values = batch(seed)
+    if len(set(index)) == len(index) and len(index) > 1:
+        index[1] = index[0]  # at least one group of two
+    g = torch.Generator().manual_seed(seed)
+    kwargs = {"token_level_rewards": rewards, "response_mask": mask, "index": index,
+              "old_log_probs": -torch.rand(mask.shape, generator=g), "sum_pi_squared": torch.rand(mask.shape, generator=g),
+              "rollout_is_weights": [None, torch.rand(mask.shape, generator=g)][seed % 2], "handle_zero_tail": seed % 3 > 0}
+    ours = A.get_adv_estimator_fn(name)(**kwargs)
+    theirs = verl.core_algos.get_adv_estimator_fn(name)(**kwargs)
+    for a, b in zip(ours, theirs):
+        same(a, b)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gdpo_with_and_without_reward_components(verl, seed):
+    rewards, mask, index, _ = batch(seed, min_tokens=2)
+    ours = A.compute_gdpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=seed % 2 == 0)
+    theirs = verl.core_algos.compute_gdpo_outcome_advantage(rewards.clone(), mask, index, norm_adv_by_std_in_grpo=seed % 2 == 0)
+    same(ours[0], theirs[0])
+    g = np.random.default_rng(seed)
+    bs, length = mask.shape
+    prompts = torch.zeros(bs, 2, dtype=torch.long)
+    lengths = torch.from_numpy(g.integers(1, length + 1, size=bs))
+    attention = torch.cat([torch.ones(bs, 2, dtype=torch.long), (torch.arange(length) < lengths[:, None]).long()], dim=1)
+    components = {"format": g.integers(0, 2, size=bs).astype(float), "accuracy": g.random(bs)}
+    config = Config(gdpo_reward_keys=["format", "accuracy"], gdpo_reward_weights=[[1.0, 1.0], [0.3, 2.0]][seed % 2])
+    kwargs = {"config": config, "non_tensor_batch": components, "batch": {"prompts": prompts, "attention_mask": attention}}
+    ours = A.compute_gdpo_outcome_advantage(rewards, mask, index, **kwargs)
+    theirs = verl.core_algos.compute_gdpo_outcome_advantage(rewards.clone(), mask, index, **kwargs)
+    same(ours[0], theirs[0])
+
+
+def test_registry_names_are_verls(verl):
+    assert set(A.ADV_ESTIMATOR_REGISTRY) == set(verl.core_algos.ADV_ESTIMATOR_REGISTRY)
     # verl's enum members work as names
     for member in verl.core_algos.AdvantageEstimator:
-        if member.value in ours:
-            assert A.get_adv_estimator_fn(member) is A.get_adv_estimator_fn(member.value)
+        assert A.get_adv_estimator_fn(member) is A.get_adv_estimator_fn(member.value)
 
 
 def test_register_adv_est_is_verls_decorator():

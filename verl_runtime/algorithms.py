@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 # --------------------------------------------------------------------------------------------------------------
@@ -476,6 +477,143 @@ def compute_rloo_vectorized_outcome_advantage(
     return advantages, advantages
 
 
+@register_adv_est("gdpo")
+@torch.no_grad()
+def compute_gdpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | torch.Tensor,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+    non_tensor_batch: Mapping[str, Any] | None = None,
+    batch: Mapping[str, torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO (arXiv:2601.05242): GRPO-normalise each reward component within its group, sum them with
+    `config.gdpo_reward_weights` (default 1 each), whiten over the batch. The components are the
+    `config.gdpo_reward_keys` columns of `non_tensor_batch`, placed on the last response token as verl does
+    (from `batch`'s prompts and attention_mask); without config, non_tensor_batch and batch, the one component
+    is token_level_rewards.
+    """
+    components, weights = [token_level_rewards], None
+    if config is not None and non_tensor_batch is not None and batch is not None:
+        keys = _config_value(config, "gdpo_reward_keys")
+        if not keys:
+            raise ValueError("GDPO requires 'algorithm.gdpo_reward_keys', the reward components compute_score returns")
+        prompt_length = batch["prompts"].size(1)
+        last = batch["attention_mask"][:, prompt_length:].sum(dim=1) - 1
+        components = []
+        for key in keys:
+            if key not in non_tensor_batch:
+                raise ValueError(f"GDPO reward key '{key}' not found in non_tensor_batch: {list(non_tensor_batch)}")
+            component = torch.zeros_like(response_mask, dtype=torch.float32)
+            rows = torch.arange(component.size(0), device=component.device)
+            component[rows, last] = torch.tensor(np.asarray(non_tensor_batch[key], dtype=np.float32), device=component.device)
+            components.append(component)
+        weights = _config_value(config, "gdpo_reward_weights")
+    weights = torch.tensor(list(weights) if weights is not None else [1.0] * len(components), dtype=torch.float32,
+                           device=token_level_rewards.device)
+    total = None
+    for weight, component in zip(weights, components):
+        normalised, _ = compute_grpo_outcome_advantage(component, response_mask, index, epsilon, norm_adv_by_std_in_grpo)
+        total = weight * normalised if total is None else total + weight * normalised
+    advantages = masked_whiten(total, response_mask) * response_mask
+    return advantages, advantages
+
+
+def _zero_tail(baselines: torch.Tensor, row_of: list[int], lengths: torch.Tensor) -> None:
+    """verl's handle_zero_tail: past the second-longest response of a group, the unique longest has baseline 0."""
+    ordered = torch.sort(lengths).values
+    longest, second = int(ordered[-1]), int(ordered[-2])
+    at = (lengths == longest).nonzero(as_tuple=True)[0]
+    if at.numel() == 1 and longest > second:
+        baselines[row_of[int(at[0])], second:] = 0.0
+
+
+@register_adv_est("optimal_token_baseline")
+@torch.no_grad()
+def compute_optimal_token_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | torch.Tensor,
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optimal token baseline: a per-timestep baseline B_t = sum(G_t W_t) / sum(W_t) over the group, with
+    W_t the cumulative sum of 1 - 2 pi_j + sum(pi^2) (times the squared IS weights if given).
+    `sum_pi_squared` is the actor's sum over the vocabulary of p^2 at each token; the trainer does not compute it.
+    """
+    returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+    if rollout_is_weights is not None:
+        w = w * rollout_is_weights**2
+    w_cumulative = (w * response_mask).cumsum(dim=-1)
+    baselines = torch.zeros_like(returns)
+    for rows in _group_rows(index):
+        if len(rows) == 1:
+            continue  # no baseline: the advantage is the return
+        at = torch.tensor(rows, device=returns.device)
+        w_group, mask_group = w_cumulative[at], response_mask[at]
+        numerator = (returns[at] * w_group * mask_group).sum(dim=0)
+        baselines[at] = (numerator / ((w_group * mask_group).sum(dim=0) + epsilon)).unsqueeze(0).expand(len(rows), -1)
+        if handle_zero_tail:
+            _zero_tail(baselines, rows, mask_group.sum(dim=-1))
+    return (returns - baselines) * response_mask, returns
+
+
+@register_adv_est("tir_optimal_token_baseline")
+@torch.no_grad()
+def compute_multi_turn_optimal_token_baseline_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | torch.Tensor,
+    old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    epsilon: float = 1e-8,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The optimal token baseline over the response tokens only (multi-turn, tool output masked): each row's
+    valid tokens are packed to the left, the baseline is computed per packed position, then unpacked. Empty
+    responses take no part and get advantage 0.
+    """
+    returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+    if rollout_is_weights is not None:
+        w = w * rollout_is_weights**2
+    w_cumulative = (w * response_mask).cumsum(dim=-1)
+    lengths = response_mask.sum(dim=-1).to(dtype=torch.long)
+    width = int(lengths.max()) if lengths.numel() else 0
+    packed_w = w_cumulative.new_zeros((len(lengths), width))
+    packed_returns = torch.zeros_like(packed_w)
+    valid = response_mask.bool()
+    for row, length in enumerate(lengths.tolist()):
+        if length:
+            packed_w[row, :length], packed_returns[row, :length] = w_cumulative[row, valid[row]], returns[row, valid[row]]
+    baselines = torch.zeros_like(packed_returns)
+    non_empty = [row for row, length in enumerate(lengths.tolist()) if length]
+    for rows in _group_rows([index[row] for row in non_empty]):
+        rows = [non_empty[r] for r in rows]
+        if len(rows) == 1:
+            continue
+        at = torch.tensor(rows, device=packed_returns.device)
+        w_group = packed_w[at]
+        baselines[at] = ((packed_returns[at] * w_group).sum(dim=0) / (w_group.sum(dim=0) + epsilon)).to(baselines.dtype)
+        if handle_zero_tail:
+            _zero_tail(baselines, rows, lengths[at])
+    packed_advantages = packed_returns - baselines
+    advantages = torch.zeros_like(returns)
+    for row in non_empty:
+        advantages[row, valid[row]] = packed_advantages[row, : lengths[row]]
+    return advantages * response_mask, returns
+
+
 @dataclass
 class AlgoArgs:
     """The `algorithm` settings the estimators read from verl's `config` (a stand-in for verl's AlgoConfig)."""
@@ -517,6 +655,9 @@ def compute_advantage(
     if "reward_baselines" in params and reward_baselines is None:
         raise ValueError(f"adv_estimator {name!r} needs reward_baselines (a greedy generation per prompt), "
                          "which this trainer does not make")
+    if "sum_pi_squared" in params:
+        raise ValueError(f"adv_estimator {name!r} needs the actor's sum_pi_squared and old_log_probs, "
+                         "which this trainer does not compute")
     if name == "grpo":
         return fn(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
     kwargs: dict[str, Any] = {
