@@ -43,7 +43,7 @@ def test_train_writes_the_run_directory_and_exits_0(tmp_path, tiny_model_dir, gs
     assert done.returncode == 0, done.stderr
     run = tmp_path / "run"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert metrics[0]["step"] == 1 and "val-core/openai/gsm8k/reward/mean" in metrics[0]
+    assert metrics[0]["step"] == 1 and "val-core/openai/gsm8k/reward/mean@1" in metrics[0]
     assert "experiment_name: cli" in (run / "config.yaml").read_text()
     assert (run / "checkpoints" / "step_1" / "state.pt").is_file()
     log = (run / "train.log").read_text()

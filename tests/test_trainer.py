@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from verl_runtime.config import get_default_config, load_config
+from verl_runtime.config import ADV_ESTIMATORS, get_default_config, load_config
 from verl_runtime.errors import TrainingError
 from verl_runtime.metrics import read_metrics
 from verl_runtime.trainer import SingleControllerTrainer
@@ -81,7 +81,7 @@ def short_run(run_dir, *extra):
 
 
 def comparable(metrics):
-    return [{k: v for k, v in m.items() if not k.startswith(("timing_s/", "perf/throughput", "perf/time"))} for m in metrics]
+    return [{k: v for k, v in m.items() if not k.startswith(("timing_s/", "timing_per_token_ms/", "perf/throughput", "perf/time"))} for m in metrics]
 
 
 def test_resume_gives_the_same_metrics_as_a_straight_run(tmp_path, tiny_model_dir, monkeypatch):
@@ -113,7 +113,7 @@ def test_fit_writes_verl_metrics_validation_and_checkpoints(tmp_path, tiny_model
                  "perf/throughput"):
         assert name in metrics[0], name
     assert "timing_s/old_log_prob" not in metrics[0]  # on-policy: the actor's own forward pass gives them
-    assert "val-core/toy/letter/reward/mean" in metrics[1] and "val-core/toy/letter/reward/mean" in metrics[2]
+    assert "val-core/toy/letter/reward/mean@1" in metrics[1] and "val-core/toy/letter/reward/mean@1" in metrics[2]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_2", "step_3"]
     assert "adv_estimator: grpo" in (tmp_path / "config.yaml").read_text()
 
@@ -190,3 +190,13 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir):
     plain, checkpointed = outputs
     for name in ("loss", "actor/grad_norm", "critic/grad_norm"):
         assert checkpointed[name] == pytest.approx(plain[name], rel=1e-5), name
+
+
+@pytest.mark.parametrize("estimator", [e for e in ADV_ESTIMATORS if e != "gae"])
+def test_every_estimator_the_config_accepts_trains_a_step(tmp_path, estimator):
+    config = short_run(tmp_path, f"algorithm.adv_estimator={estimator}", "trainer.total_training_steps=1",
+                       "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1")
+    assert config.rollout.n > 1, "a group estimator gets the group preset's samples per prompt"
+    SingleControllerTrainer(config).fit()
+    (record,) = read_metrics(tmp_path)
+    assert record["step"] == 1 and math.isfinite(record["actor/pg_loss"])

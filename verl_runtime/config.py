@@ -25,8 +25,12 @@ from verl_runtime import verl_keys
 from verl_runtime.errors import ConfigError
 
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_plus_plus")
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+# The names of verl_runtime.algorithms' registries the trainer can run (torch-free here, so the host can check a
+# config; tests/test_algorithms.py holds them equal). Not here: remax (a greedy baseline generation per prompt),
+# gdpo (several reward components), the optimal-token baselines (the actor's sum of p^2): this trainer makes none.
+ADV_ESTIMATORS = ("gae", "grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
+                  "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum")
 KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k2+", "k3+", "low_var_kl+")
 
 
@@ -235,6 +239,12 @@ _PRESET_OF_ESTIMATOR = {
     "rloo": "rloo",
     "reinforce_plus_plus": "reinforce_plus_plus",
     "reinforce_plus_plus_baseline": "reinforce_plus_plus",
+    # group estimators: the GRPO preset's samples per prompt
+    "grpo_vectorized": "grpo",
+    "grpo_passk": "grpo",
+    "opo": "grpo",
+    "gpg": "grpo",
+    "rloo_vectorized": "rloo",
 }
 
 

@@ -404,6 +404,7 @@ def step_metrics(step: int, epoch: int, batch: dict, timing: dict[str, float]) -
     tokens = int(batch["attention_mask"].sum())
     return {
         **{f"timing_s/{name}": seconds for name, seconds in timing.items()},
+        **timing_per_token_metrics(batch, timing),
         "training/global_step": step,
         "training/epoch": epoch,
         "perf/total_num_tokens": tokens,
@@ -417,8 +418,7 @@ _TOKENS_TIMED = {"gen": "response", "ref": "all", "values": "all", "adv": "all",
 
 
 def timing_per_token_metrics(batch: dict, timing: dict[str, float]) -> dict[str, float]:
-    """verl's timing_per_token_ms/* for the phases timed. Not yet part of step_metrics: tests/test_trainer.py's
-    comparable() drops timing_s/* but not these, and they differ from run to run."""
+    """verl's timing_per_token_ms/* for the phases timed."""
     response_width = batch["response_mask"].shape[1]
     counts = {"response": int(batch["attention_mask"][:, -response_width:].sum()), "all": int(batch["attention_mask"].sum())}
     return {
@@ -430,18 +430,12 @@ def timing_per_token_metrics(batch: dict, timing: dict[str, float]) -> dict[str,
 
 def validation_metrics(scores_by_source: dict[str, list[float]]) -> dict[str, float]:
     """Mean validation reward per data source, named as verl names one greedy sample per prompt:
-    val-core/<data_source>/reward/mean@1. The older name without "@1" is written too, for readers of it."""
-    metrics = {}
-    for source, scores in scores_by_source.items():
-        mean = sum(scores) / len(scores)
-        metrics[f"val-core/{source}/reward/mean@1"] = mean
-        metrics[f"val-core/{source}/reward/mean"] = mean  # before verl's spelling; LEGACY_METRICS
-    return metrics
+    val-core/<data_source>/reward/mean@1."""
+    return {f"val-core/{source}/reward/mean@1": sum(scores) / len(scores) for source, scores in scores_by_source.items()}
 
 
-# Names we write that verl does not: the per-source validation mean under its pre-"@1" name, still read by
-# tests/test_trainer.py and tests/test_cli_runtime.py, and the controller's own time.
-LEGACY_METRICS = ("val-core/{source}/reward/mean", "timing_s/controller")
+# Names we write that verl does not: the controller's own time.
+LEGACY_METRICS = ("timing_s/controller",)
 
 
 @contextlib.contextmanager

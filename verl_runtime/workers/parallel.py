@@ -30,7 +30,9 @@ def global_batch_info(response_mask: torch.Tensor) -> dict:
     """make_global_batch_info over the mini-batch slices of all ranks."""
     info = make_global_batch_info(response_mask)
     if world_size() > 1:
-        totals = torch.tensor([float(response_mask.sum()), float(response_mask.shape[0])], device=response_mask.device)
+        # rows with no response token do not count, as make_global_batch_info (and verl's agg_loss) count them
+        rows = float((response_mask.sum(-1) > 0).sum())
+        totals = torch.tensor([float(response_mask.sum()), rows], device=response_mask.device)
         dist.all_reduce(totals)
         info["batch_num_tokens"] = totals[0].clamp(min=1)
         info["global_batch_size"] = int(totals[1])
