@@ -307,3 +307,17 @@ def test_verl_overrides_are_recorded_for_resume(tmp_path):
                              nodes=None, image=None)
     assert again.config == NO_CONFIG and again.overrides == ["trainer.seed=3", "trainer.total_epochs=4"]
     assert again.changes == ["trainer.total_epochs: 2 -> 4"]
+
+
+def test_verls_null_val_batch_size_is_one_validation_batch(tmp_path):
+    from verl_runtime.config import load_config
+    from verl_runtime.metrics import read_metrics
+    from verl_runtime.trainer import SingleControllerTrainer
+
+    config = load_config(None, ["data.val_batch_size=null", "model.path=builtin:tiny", "trainer.device=cpu",
+                                f"trainer.run_dir={tmp_path}", "data.toy_size=16", "data.batch_size=4",
+                                "data.max_response_length=4", "data.val_files=[toy:letter]",
+                                "trainer.total_training_steps=1", "trainer.save_freq=-1"])
+    assert config.data.val_batch_size is None
+    SingleControllerTrainer(config).fit()
+    assert "val-core/toy/letter/reward/mean@1" in read_metrics(tmp_path)[0]

@@ -40,7 +40,7 @@ class DataConfig:
     train_files: list[str] = field(default_factory=lambda: ["toy:letter"])
     val_files: list[str] = field(default_factory=list)
     batch_size: int = 8  # prompts per step (verl: data.train_batch_size)
-    val_batch_size: int = 64  # prompts per validation generate call
+    val_batch_size: int | None = 64  # prompts per validation generate call (None: all at once, as verl's null)
     max_prompt_length: int = 256
     max_response_length: int = 64
     truncation: str = "error"  # error | left | right | filter

@@ -193,7 +193,7 @@ class SingleControllerTrainer:
         """Greedy responses to the validation prompts; mean reward per data source."""
         greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=self.config.data.max_response_length)
         by_source: dict[str, list[float]] = {}
-        size = self.config.data.val_batch_size
+        size = self.config.data.val_batch_size or max(len(prompts), 1)
         for start in range(0, len(prompts), size):
             chunk = prompts[start : start + size]
             batch = self.actor.generate([p.input_ids for p in chunk], greedy)
