@@ -3,7 +3,6 @@ and every key of verl 0.9.1's config tree maps to ours, is accepted with a warni
 (verl_runtime/verl_keys.py, the one table that config loading and docs/verl.md read)."""
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -23,6 +22,7 @@ from verl_runtime.__main__ import main as runtime_main
 from verl_runtime.config import ALIASES, all_keys, load_config
 from verl_runtime.errors import ConfigError
 from verl_runtime.main_ppo import main as main_ppo
+from verl_wheel import WheelUnavailable, download_wheel, unavailable, wheel_cache
 
 # verl's documented GSM8K PPO quickstart (docs/start/quickstart.rst), its keys as written; only the paths and the
 # sizes differ (a tiny model on the CPU: 2 prompts, 8 tokens, one step). {data} and {model} are filled in below.
@@ -92,20 +92,12 @@ def test_every_mapping_reaches_one_of_our_keys():
 
 
 @pytest.fixture(scope="session")
-def verl_wheel(request):
-    """verl 0.9.1's wheel, by pip download into pytest's cache. In CI (CI=true) a failed download fails the test;
-    elsewhere it skips with the reason."""
-    cache = request.config.cache.mkdir("verl-wheel")
-    wheel = cache / f"verl-{verl_keys.VERL_VERSION}-py3-none-any.whl"
-    if not wheel.is_file():
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", f"verl=={verl_keys.VERL_VERSION}",
-                               "-d", str(cache)], capture_output=True, text=True, timeout=300)
-        if done.returncode != 0 or not wheel.is_file():
-            why = f"pip download verl=={verl_keys.VERL_VERSION} failed: {done.stderr.strip().splitlines()[-1:]}"
-            if os.environ.get("CI") == "true":
-                pytest.fail(why)
-            pytest.skip(why)
-    return wheel
+def verl_wheel(request, tmp_path_factory):
+    """verl 0.9.1's wheel (tests/verl_wheel.py: downloaded once, sha256 checked)."""
+    try:
+        return download_wheel(wheel_cache(request, tmp_path_factory))
+    except WheelUnavailable as error:
+        unavailable(error)
 
 
 def test_the_committed_key_list_is_the_wheels(verl_wheel):

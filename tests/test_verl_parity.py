@@ -6,27 +6,23 @@ is installed. Where verl returns NaN (an all-masked batch) we return 0: those ca
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 import torch
 
 import verl_runtime.algorithms as A
-from verl_wheel import WheelUnavailable, fetch_wheel, verl_modules
+from verl_wheel import WheelUnavailable, fetch_wheel, unavailable, verl_modules, wheel_cache
 
 CASES = 50
 
 
 @pytest.fixture(scope="module")
 def verl(request, tmp_path_factory):
-    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider: download into tmp
     try:
-        root = fetch_wheel(cache.mkdir("verl-wheel") if cache else tmp_path_factory.mktemp("verl-wheel"))
+        root = fetch_wheel(wheel_cache(request, tmp_path_factory))
     except WheelUnavailable as error:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{error} (CI=true: the parity tests must run)")
-        pytest.skip(str(error))
+        unavailable(error)
     with verl_modules(root) as modules:
         yield modules
 

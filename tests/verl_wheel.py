@@ -13,13 +13,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import os
 import subprocess
 import sys
 import types
 import zipfile
 from pathlib import Path
 
-VERSION = "0.9.1"
+import pytest
+
+from verl_runtime import verl_keys
+
+VERSION = verl_keys.VERL_VERSION  # the release whose keys and maths we follow
 WHEEL = f"verl-{VERSION}-py3-none-any.whl"
 SHA256 = "db6e6f2a8d9d5808d9ec32d357a42319fdc6967df688ff9d9810050f49bfdd14"
 MEMBERS = ("verl/trainer/ppo/", "verl/utils/", "verl/__init__.py")
@@ -29,12 +34,22 @@ class WheelUnavailable(RuntimeError):
     """The wheel could not be downloaded (no network, no index)."""
 
 
-def fetch_wheel(cache_dir: Path) -> Path:
-    """The unpacked wheel under cache_dir, downloading it with pip the first time."""
+def wheel_cache(request, tmp_path_factory) -> Path:
+    """Where the wheel is kept: pytest's cache, or a temp dir where there is none (-p no:cacheprovider)."""
+    cache = getattr(request.config, "cache", None)
+    return cache.mkdir("verl-wheel") if cache else tmp_path_factory.mktemp("verl-wheel")
+
+
+def unavailable(error: Exception):
+    """With CI=true the tests of verl's behaviour must run: no wheel fails them. Elsewhere they skip, saying why."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{error} (CI=true: the tests against verl's wheel must run)")
+    pytest.skip(str(error))
+
+
+def download_wheel(cache_dir: Path) -> Path:
+    """verl's wheel in cache_dir, downloaded with pip the first time and checked against its sha256."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    unpacked = cache_dir / f"verl-{VERSION}"
-    if (unpacked / "verl/trainer/ppo/core_algos.py").is_file():
-        return unpacked
     wheel = cache_dir / WHEEL
     if not wheel.is_file():
         command = [sys.executable, "-m", "pip", "download", "--no-deps", f"verl=={VERSION}", "-d", str(cache_dir)]
@@ -48,6 +63,15 @@ def fetch_wheel(cache_dir: Path) -> Path:
     if digest != SHA256:
         wheel.unlink()
         raise RuntimeError(f"{WHEEL} has sha256 {digest}, expected {SHA256}")
+    return wheel
+
+
+def fetch_wheel(cache_dir: Path) -> Path:
+    """The unpacked wheel under cache_dir, downloading it the first time."""
+    unpacked = cache_dir / f"verl-{VERSION}"
+    if (unpacked / "verl/trainer/ppo/core_algos.py").is_file():
+        return unpacked
+    wheel = download_wheel(cache_dir)
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(unpacked, [n for n in archive.namelist() if n.startswith(MEMBERS) and n.endswith(".py")])
     return unpacked

@@ -176,16 +176,13 @@ def run(
 
 def _config_and_overrides(args: list[str], settings: list[str]) -> tuple[Path | None, list[str]]:
     """`run`'s arguments: an optional CONFIG file first, then KEY=VALUE overrides (verl's: +key=value too), which
-    come after the --set ones; ValueError for one that is not KEY=VALUE."""
+    come after the --set ones; LaunchError for one that is not KEY=VALUE."""
     config = None
     if args and "=" not in args[0] and not args[0].startswith(("+", "~")):
         config, args = Path(args[0]), args[1:]
-    overrides = [*settings, *args]
-    for override in overrides:
-        if "=" not in override:
-            hint = " (dropping a key, ~key, is for python -m verl_runtime.main_ppo)" if override.startswith("~") else ""
-            raise ValueError(f"override {override!r} needs the form key=value{hint}")
-    return config, [override.lstrip("+") for override in overrides]
+    from verl_deploy.launchers.jobspec import check_overrides
+
+    return config, list(check_overrides([*settings, *args]))
 
 
 @app.command()

@@ -217,17 +217,37 @@ def config_file(config: str | Path | None) -> Path:
     return path
 
 
-def world_of(path: Path | None, overrides: tuple[str, ...], gpus: str | None, nodes: int | None,
-             warn: bool = False) -> tuple[str | None, int]:
-    """--gpus and --nodes, derived from verl's trainer.n_gpus_per_node and trainer.nnodes when not given (GPUs only
-    where trainer.device is not cpu); LaunchError (one line) where the flags and the config disagree."""
+def check_overrides(overrides) -> tuple[str, ...]:
+    """KEY=VALUE overrides as the runtime takes them (verl's `+key=value` is `key=value` here); LaunchError (one
+    line) for one that is not KEY=VALUE."""
+    for override in overrides:
+        if "=" not in override:
+            hint = " (dropping a key, ~key, is for python -m verl_runtime.main_ppo)" if override.startswith("~") else ""
+            raise LaunchError(f"override {override!r} needs the form key=value{hint}")
+    return tuple(override.lstrip("+") for override in overrides)
+
+
+def load_checked(path: Path | None, overrides: tuple[str, ...], warn: bool = True):
+    """The config as the trainer will load it (NO_CONFIG for none); its one-line error as a LaunchError.
+    verl_runtime.config needs only PyYAML: no torch on the host path."""
     from verl_runtime.config import load_config
     from verl_runtime.errors import UserError
 
     try:
-        trainer = load_config(config_file(path), overrides, warn=warn).trainer
+        return load_config(config_file(path), overrides, warn=warn)
     except UserError as exc:
         raise LaunchError(str(exc)) from None
+
+
+def world_of(path: Path | None, overrides: tuple[str, ...], gpus: str | None, nodes: int | None,
+             warn: bool = False) -> tuple[str | None, int]:
+    """--gpus and --nodes of a config file and overrides (see derive_world)."""
+    return derive_world(load_checked(path, overrides, warn).trainer, gpus, nodes)
+
+
+def derive_world(trainer, gpus: str | None, nodes: int | None) -> tuple[str | None, int]:
+    """--gpus and --nodes, derived from verl's trainer.n_gpus_per_node and trainer.nnodes when not given (GPUs only
+    where trainer.device is not cpu); LaunchError (one line) where the flags and the config disagree."""
     per_node, config_nodes = trainer.n_gpus_per_node, trainer.nnodes
     asked = parse_gpus(gpus)
     if per_node is not None and asked.number is not None and asked.wanted and asked.number != per_node:
@@ -240,26 +260,25 @@ def world_of(path: Path | None, overrides: tuple[str, ...], gpus: str | None, no
     return gpus, nodes or config_nodes or 1
 
 
-def check_config(path: Path, overrides: tuple[str, ...], gpus: Gpus, nodes: int):
-    """Load the config as the trainer will (keys, types, choices, sizes against the world size), so that a mistake
-    stops here with the trainer's own one-line message, not after an image is started or a job scheduled. Returns
-    the config, with trainer.n_workers set to the world size: one worker per GPU asked for (None for --gpus all on
-    one node: the runtime counts them). verl_runtime.config needs only PyYAML: no torch on the host path."""
-    from verl_runtime.config import load_config, validate
+def check_config(config, gpus: Gpus, nodes: int):
+    """Check a loaded config against the world size (sizes that must divide it), so that a mistake stops here with
+    the trainer's own one-line message, not after an image is started or a job scheduled. Returns the config, with
+    trainer.n_workers set to the world size: one worker per GPU asked for (None for --gpus all on one node: the
+    runtime counts them)."""
+    from verl_runtime.config import validate
     from verl_runtime.errors import UserError
 
     world = gpus.number * nodes if gpus.number else None
-    try:
-        config = load_config(path, overrides)  # its warnings (verl keys without effect here) shown once, here
-        asked = config.trainer.n_workers
-        if world and asked is not None and asked != world:
-            raise LaunchError(f"trainer.n_workers={asked} but --gpus {gpus} x --nodes {nodes} gives {world} GPUs, one "
-                              "worker each: drop trainer.n_workers or change --gpus/--nodes")
-        if world:
-            config.trainer.n_workers = world  # as `--set trainer.n_workers=<world>` will tell the trainer
+    asked = config.trainer.n_workers
+    if world and asked is not None and asked != world:
+        raise LaunchError(f"trainer.n_workers={asked} but --gpus {gpus} x --nodes {nodes} gives {world} GPUs, one "
+                          "worker each: drop trainer.n_workers or change --gpus/--nodes")
+    if world:
+        config.trainer.n_workers = world  # as `--set trainer.n_workers=<world>` will tell the trainer
+        try:
             validate(config)
-    except UserError as exc:
-        raise LaunchError(str(exc)) from None
+        except UserError as exc:
+            raise LaunchError(str(exc)) from None
     return config
 
 
@@ -303,15 +322,12 @@ def build_spec(
     (verl's way: NO_CONFIG). Overrides are `key=value` (verl's `+key=value` too); --gpus/--nodes not given come
     from verl's trainer.n_gpus_per_node/trainer.nnodes (world_of)."""
     config_path = config_file(config)
-    for override in overrides:
-        if "=" not in override:
-            hint = ": dropping a key (~key) is for python -m verl_runtime.main_ppo" if override.startswith("~") else ""
-            raise LaunchError(f"override {override!r} needs the form key=value{hint}")
-    overrides = tuple(override.lstrip("+") for override in overrides)  # Hydra's +key=value is key=value here
+    overrides = check_overrides(overrides)
     if nodes is not None and nodes < 1:
         raise LaunchError("--nodes must be at least 1")
-    gpus, nodes = world_of(config_path, overrides, gpus, nodes)
-    checked = check_config(config_path, overrides, parse_gpus(gpus), nodes)
+    loaded = load_checked(config_path, overrides)  # its warnings (verl keys without effect here) shown once, here
+    gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
+    checked = check_config(loaded, parse_gpus(gpus), nodes)
     reward_file, reward_name = host_reward_file(checked.reward.function)
     if data_dir is not None and not Path(data_dir).is_dir():
         raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
