@@ -47,7 +47,7 @@ def locked(run_dir, wait_s: float = 2.0):
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    who = _describe(_read_holder(path))
+                    who = describe(_read_holder(path))
                     raise RunDirBusy(f"run directory {run_dir} is in use by another trainer{who}: stop it first "
                                      "(`verl-deploy stop RUN`), or train under another run id") from None
                 time.sleep(0.1)
@@ -83,7 +83,8 @@ def _read_holder(path: Path) -> dict:
         return {}
 
 
-def _describe(found: dict) -> str:
+def describe(found: dict) -> str:
+    """' (pid N on HOST)' for a holder() that says who it is, else ''."""
     if not found.get("pid"):
         return ""
     return f" (pid {found['pid']} on {found.get('host', '?')})"

@@ -7,6 +7,8 @@ characters, compared exactly; only the last 300 characters of a response count. 
 
 import re
 
+from verl_runtime.rewards.math_reward import balanced_from
+
 _SUBSTITUTIONS = [
     ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), (r"\ ", ""), (" ", ""), ("mbox", "text"),
     (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
@@ -23,18 +25,7 @@ INVALID = "[INVALID]"
 
 def last_boxed_only_string(string: str) -> str | None:
     r"""The last ``\boxed{...}`` with balanced braces, or None (no ``\boxed `` or ``\fbox`` forms here)."""
-    start = string.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth = 0
-    for i in range(start, len(string)):
-        if string[i] == "{":
-            depth += 1
-        elif string[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return string[start : i + 1]
-    return None
+    return balanced_from(string, string.rfind("\\boxed{"))
 
 
 def remove_boxed(s: str) -> str:

@@ -24,8 +24,13 @@ def last_boxed_only_string(string: str) -> str | None:
     start = string.rfind("\\boxed")
     if start < 0:
         start = string.rfind("\\fbox")
-        if start < 0:
-            return None
+    return balanced_from(string, start)
+
+
+def balanced_from(string: str, start: int) -> str | None:
+    """string from start through the brace that closes its first "{" (None: start < 0, or never closed)."""
+    if start < 0:
+        return None
     depth = 0
     for i in range(start, len(string)):
         if string[i] == "{":

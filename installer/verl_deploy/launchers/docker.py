@@ -421,10 +421,9 @@ class DockerLauncher:
         import docker.errors
 
         check_sizes(spec)
-        if runs.trainer_holds(spec.run_dir):  # a local trainer, or one in a container we do not label
-            holder = rundir.holder(spec.run_dir) or {}
-            where = f" (pid {holder['pid']} on {holder.get('host', '?')})" if holder.get("pid") else ""
-            raise LaunchError(f"run {spec.run_id} is in use by a live trainer{where}: "
+        holder = rundir.holder(spec.run_dir)  # a local trainer, or one in a container we do not label
+        if holder is not None:
+            raise LaunchError(f"run {spec.run_id} is in use by a live trainer{rundir.describe(holder)}: "
                               f"`verl-deploy stop {spec.run_id}` first, or train under another run id")
         fresh = not spec.run_dir.exists()
         previous = None  # the record before this launch changed it (a resumed run)
