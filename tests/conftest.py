@@ -5,6 +5,7 @@ component fails the test; elsewhere the test is skipped with the reason.
 """
 
 import os
+import shutil
 import socket
 from pathlib import Path
 
@@ -161,3 +162,18 @@ def cpu_image(docker_client, base_image, torch_wheelhouse) -> str:
 
     opts, _ = plan_build("cpu", base_image=base_image, wheelhouse=torch_wheelhouse)
     return build(opts, Console(stderr=True)).tag
+
+
+@pytest.fixture
+def leftovers(docker_client):
+    """Run ids whose containers and secret files a test may leave behind when it fails: removed after it."""
+    from launch_support import containers
+
+    from verl_deploy.launchers.docker import secrets_dir
+
+    run_ids = []
+    yield run_ids
+    for run_id in run_ids:
+        for container in containers(docker_client, run_id):
+            container.remove(force=True)
+        shutil.rmtree(secrets_dir(run_id), ignore_errors=True)

@@ -7,6 +7,7 @@ from conftest import REPO
 from typer.testing import CliRunner
 
 from verl_deploy.cli import app
+from verl_deploy.launchers.jobspec import RUN_ID_LABEL
 
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 
@@ -28,3 +29,9 @@ def wait_for(predicate, timeout_s=180):
             return True
         time.sleep(0.5)
     return False
+
+
+def containers(docker_client, run_id, running_only=False):
+    """The containers of a run (every one carrying its run-id label)."""
+    return docker_client.containers.list(all=not running_only, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
+

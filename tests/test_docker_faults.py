@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from launch_support import QUICKSTART, cli, metrics_steps, wait_for
+from launch_support import QUICKSTART, cli, containers, metrics_steps, wait_for
 
 from verl_deploy import runs
 from verl_deploy.launchers.docker import (
@@ -29,10 +29,6 @@ CALLER = (os.getuid(), os.getgid())
 CONTAINER_USER = f"{os.getuid() or 1000}:{os.getgid() or 1000}"  # a root caller's container runs as 1000
 
 
-def containers(docker_client, run_id):
-    return docker_client.containers.list(all=True, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
-
-
 def files_holding(root: Path, *texts: str) -> list[Path]:
     """Files under root whose bytes contain one of texts (grep -r)."""
     return [p for p in Path(root).rglob("*") if p.is_file() and any(t.encode() in p.read_bytes() for t in texts)]
@@ -44,17 +40,6 @@ def owners(root: Path) -> set[tuple[int, int]]:
 
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-@pytest.fixture
-def leftovers(docker_client):
-    """Run ids whose containers and secrets a test may leave when it fails."""
-    run_ids = []
-    yield run_ids
-    for run_id in run_ids:
-        for container in containers(docker_client, run_id):
-            container.remove(force=True)
-        shutil.rmtree(secrets_dir(run_id), ignore_errors=True)
 
 
 # --- one detached run with secrets, followed from start to resume -------------------------------------------------

@@ -9,31 +9,15 @@ import subprocess
 import sys
 
 import pytest
-from launch_support import QUICKSTART, cli, metrics_steps, wait_for
-
-from verl_deploy.launchers.jobspec import RUN_ID_LABEL
+from launch_support import QUICKSTART, cli, containers, metrics_steps, wait_for
 
 pytestmark = pytest.mark.docker
 SHORT = ["--set", "data.max_response_length=8", "--set", "trainer.test_freq=-1", "--shm-size", "1g"]
 
 
-def containers(docker_client, run_id, running_only=False):
-    return docker_client.containers.list(all=not running_only, filters={"label": f"{RUN_ID_LABEL}={run_id}"})
-
-
-@pytest.fixture
-def cleanup(docker_client):
-    run_ids = []
-    yield run_ids
-    for run_id in run_ids:
-        for container in containers(docker_client, run_id):
-            container.remove(force=True)
-
-
-@pytest.mark.slow
-def test_quickstart_trains_in_a_container_to_completion(tmp_path, cpu_image, docker_client, cleanup):
+def test_quickstart_trains_in_a_container_to_completion(tmp_path, cpu_image, docker_client, leftovers):
     runs = tmp_path / "runs"
-    cleanup.append("dock-2")
+    leftovers.append("dock-2")
     result = cli("run", QUICKSTART, "--target", "docker", "--image", cpu_image, "--runs-dir", runs,
                  "--run-id", "dock-2", "--set", "trainer.total_training_steps=2", *SHORT)
     assert result.exit_code == 0, result.output
@@ -52,10 +36,10 @@ def test_quickstart_trains_in_a_container_to_completion(tmp_path, cpu_image, doc
 
 
 @pytest.mark.slow
-def test_killed_container_resumes_without_losing_a_step(tmp_path, cpu_image, docker_client, cleanup):
+def test_killed_container_resumes_without_losing_a_step(tmp_path, cpu_image, docker_client, leftovers):
     runs = tmp_path / "runs"
     run_dir = runs / "dock-kill"
-    cleanup.append("dock-kill")
+    leftovers.append("dock-kill")
     common = ["--target", "docker", "--image", cpu_image, "--runs-dir", runs, "--set", "trainer.save_freq=1", *SHORT]
     started = cli("run", QUICKSTART, *common, "--run-id", "dock-kill", "--detach",
                   "--set", "trainer.total_training_steps=100")
@@ -71,10 +55,10 @@ def test_killed_container_resumes_without_losing_a_step(tmp_path, cpu_image, doc
 
 
 @pytest.mark.slow
-def test_ctrl_c_leaves_a_checkpoint_and_nothing_running(tmp_path, cpu_image, docker_client, cleanup):
+def test_ctrl_c_leaves_a_checkpoint_and_nothing_running(tmp_path, cpu_image, docker_client, leftovers):
     runs = tmp_path / "runs"
     run_dir = runs / "dock-int"
-    cleanup.append("dock-int")
+    leftovers.append("dock-int")
     cli_process = subprocess.Popen(
         [sys.executable, "-m", "verl_deploy", "run", str(QUICKSTART), "--target", "docker", "--image", cpu_image,
          "--runs-dir", str(runs), "--run-id", "dock-int", "--set", "trainer.total_training_steps=100", *SHORT],
@@ -115,10 +99,10 @@ def test_gpus_without_docker_gpu_support_is_one_line_and_leaves_nothing(tmp_path
 
 
 @pytest.mark.slow
-def test_two_nodes_form_one_ray_cluster_and_stop_together(tmp_path, cpu_image, docker_client, cleanup):
+def test_two_nodes_form_one_ray_cluster_and_stop_together(tmp_path, cpu_image, docker_client, leftovers):
     """The launcher side of multi-node: a Ray head (running the trainer) and a worker on one network."""
     runs = tmp_path / "runs"
-    cleanup.append("dock-ray")
+    leftovers.append("dock-ray")
     started = cli("run", QUICKSTART, "--target", "docker", "--image", cpu_image, "--nodes", "2", "--detach",
                   "--runs-dir", runs, "--run-id", "dock-ray", "--set", "trainer.total_training_steps=100", *SHORT)
     assert started.exit_code == 0, started.output
@@ -138,11 +122,11 @@ def test_two_nodes_form_one_ray_cluster_and_stop_together(tmp_path, cpu_image, d
 
 
 @pytest.mark.slow
-def test_two_nodes_train_one_run_across_both_containers(tmp_path, cpu_image, docker_client, cleanup):
+def test_two_nodes_train_one_run_across_both_containers(tmp_path, cpu_image, docker_client, leftovers):
     """Multi-node training: two workers of a whole node's CPUs each (a container sees the host's CPUs) must take
     one node each, and they train data-parallel over gloo from container to container."""
     runs = tmp_path / "runs"
-    cleanup.append("dock-ray-dp")
+    leftovers.append("dock-ray-dp")
     result = cli("run", QUICKSTART, "--target", "docker", "--image", cpu_image, "--nodes", "2", "--runs-dir", runs,
                  "--run-id", "dock-ray-dp", "--set", "trainer.n_workers=2", "--set", "trainer.total_training_steps=2",
                  "--set", f"trainer.cpus_per_worker={os.cpu_count()}", *SHORT)

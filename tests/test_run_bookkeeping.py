@@ -16,6 +16,14 @@ from launch_support import QUICKSTART, cli, metrics_steps, wait_for
 from verl_deploy import runs as run_records
 
 SHORT = ["--set", "data.max_response_length=8", "--set", "trainer.test_freq=-1", "--set", "trainer.val_before_train=false"]
+UNTIL_STOPPED = ["--set", "trainer.total_training_steps=3000", "--set", "trainer.num_epochs=100"]
+
+
+def start_detached(runs, run_id, *flags):
+    """`verl-deploy run --target local --detach` of the quickstart under run_id; it must have started."""
+    started = cli("run", QUICKSTART, "--target", "local", "--runs-dir", runs, "--run-id", run_id, "--detach",
+                  *flags, *SHORT)
+    assert started.exit_code == 0, started.output
 
 
 def test_resume_of_an_unknown_run_refuses_and_creates_nothing(tmp_path):
@@ -91,9 +99,7 @@ def _train(run_dir, *extra):
 def test_a_second_trainer_on_a_live_run_is_refused(tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "busy"
-    started = cli("run", QUICKSTART, "--target", "local", "--runs-dir", runs, "--run-id", "busy", "--detach",
-                  "--set", "trainer.total_training_steps=3000", "--set", "trainer.num_epochs=100", *SHORT)
-    assert started.exit_code == 0, started.output
+    start_detached(runs, "busy", *UNTIL_STOPPED)
     try:
         assert wait_for(lambda: metrics_steps(run_dir), timeout_s=120), (run_dir / "console.log").read_text()
         again = cli("run", "--resume", "busy", "--runs-dir", runs, "--detach")
@@ -116,7 +122,7 @@ def test_closing_the_terminal_of_an_attached_local_run_checkpoints_and_records_t
     runs = tmp_path / "runs"
     run_dir = runs / "hangup"
     command = [sys.executable, "-m", "verl_deploy", "run", str(QUICKSTART), "--target", "local", "--runs-dir",
-               str(runs), "--run-id", "hangup", "--set", "trainer.total_training_steps=3000", "--set", "trainer.num_epochs=100", *SHORT]
+               str(runs), "--run-id", "hangup", *UNTIL_STOPPED, *SHORT]
     terminal = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
     for line in terminal.stdout:
         if line.startswith(b"step "):
@@ -137,9 +143,7 @@ def test_closing_the_terminal_of_an_attached_local_run_checkpoints_and_records_t
 def test_kill_9_of_a_detached_trainer_is_recorded_as_such(tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "killed"
-    started = cli("run", QUICKSTART, "--target", "local", "--runs-dir", runs, "--run-id", "killed", "--detach",
-                  "--set", "trainer.total_training_steps=3000", "--set", "trainer.num_epochs=100", *SHORT)
-    assert started.exit_code == 0, started.output
+    start_detached(runs, "killed", *UNTIL_STOPPED)
     assert wait_for(lambda: metrics_steps(run_dir), timeout_s=120)
     assert wait_for(lambda: run_records.read_record(run_dir).get("trainer_pid"), timeout_s=30)
     os.kill(run_records.read_record(run_dir)["trainer_pid"], signal.SIGKILL)
@@ -195,9 +199,7 @@ def test_a_truncated_newest_checkpoint_is_flagged_by_status_and_passed_over_by_r
 def test_three_local_runs_at_once_each_keep_their_own_books(tmp_path):
     ids = ["one", "two", "three"]
     for run_id in ids:
-        started = cli("run", QUICKSTART, "--target", "local", "--runs-dir", tmp_path, "--run-id", run_id, "--detach",
-                      "--set", "trainer.total_training_steps=6", *SHORT)
-        assert started.exit_code == 0, started.output
+        start_detached(tmp_path, run_id, "--set", "trainer.total_training_steps=6")
     done = lambda: all(run_records.read_record(tmp_path / r).get("exit_code") is not None for r in ids)  # noqa: E731
     assert wait_for(done, timeout_s=300)
     listed = json.loads(cli("runs", "--target", "local", "--runs-dir", tmp_path, "--json").output)
