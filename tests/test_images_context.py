@@ -91,7 +91,8 @@ def test_context_holds_the_dockerfile_source_and_build_extras_only():
     assert not [n for n in members if "__pycache__" in n or n.endswith(".pyc")]
     assert not [n for n in members if n.startswith((".venv", "tests/", ".git", "runs/"))]
     assert {n for n in members if n.startswith("extras/")} == {"extras/pip.conf", "extras/pip-torch.conf"}
-    assert {n for n in members if n.startswith("build/")} == {"build/preflight.py", "build/verify.py", "build/prune.py"}
+    assert {n for n in members if n.startswith("build/")} == {
+        "build/base.sh", "build/toolchain.sh", "build/preflight.py", "build/verify.py", "build/prune.py"}
 
 
 def test_context_is_a_tar_the_engine_can_read():

@@ -46,3 +46,18 @@ def load_secret_files(environ=None) -> list[str]:
         else:
             environ[name] = value
     return found
+
+
+def exec_with_secrets(argv: list[str]) -> None:
+    """Load the secret files, then become `argv`: the entrypoint of images whose trainer is not verl_runtime
+    (upstream verl's), so that its libraries find the credentials as verl_runtime's do."""
+    if not argv:
+        raise SystemExit("usage: secrets.py COMMAND [ARG...]")
+    load_secret_files()
+    os.execvp(argv[0], argv)
+
+
+if __name__ == "__main__":
+    import sys
+
+    exec_with_secrets(sys.argv[1:])

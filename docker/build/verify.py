@@ -1,7 +1,10 @@
 """Check that what the build installed is what the variant catalog says, and stop the build when it is not.
 
     python verify.py torch   after torch: its release, its CUDA (or a CPU build) and its GPU architectures
-    python verify.py deps    after the dependencies: vLLM's release, and torch still the one verified
+    python verify.py deps    after the dependencies: vLLM's release, every == pin of RUNTIME_PACKAGES, and torch
+                             still the one verified
+    python verify.py verl    upstream verl's images: `import verl` gives RUNTIME_VERSION (the tutorial's check) and
+                             its trainer's Hydra config composes (`python -m verl.trainer.main_ppo --cfg job`)
 
 The expected values come as the build's ARGs (environment): VARIANT, TORCH_VERSION, CUDA ("none": CPU),
 COMPUTE_CAPABILITIES ("7.5,8.0,..."), VLLM_VERSION (empty: no vLLM). The failure is one line that starts with
@@ -83,8 +86,40 @@ def check_deps() -> None:
             fail(f"vLLM {want_vllm} is not installed in variant {variant}")
         if have_vllm != want_vllm:
             fail(f"vLLM {have_vllm} is installed, variant {variant} pins {want_vllm}")
-    print(f"verl-deploy: torch {have_torch}" + (f", vLLM {want_vllm}" if want_vllm else "") + f" as variant {variant} says")
+    pinned = []
+    for requirement in os.environ.get("RUNTIME_PACKAGES", "").split():
+        name, sep, want = requirement.partition("==")
+        if not sep:
+            continue
+        name = name.split("[")[0]
+        have = importlib.metadata.version(name)
+        if have != want:
+            fail(f"{name} {have} is installed, docker/variants.yaml pins {want} for runtime {os.environ.get('RUNTIME')}")
+        pinned.append(f"{name} {have}")
+    print(f"verl-deploy: torch {have_torch}" + (f", vLLM {want_vllm}" if want_vllm else "")
+          + "".join(f", {pin}" for pin in pinned) + f" as variant {variant} says")
+
+
+def check_verl() -> None:
+    """The tutorial's own check, then verl's trainer composing its config as it does before every run."""
+    import subprocess
+
+    want = os.environ["RUNTIME_VERSION"]
+    probe = subprocess.run([sys.executable, "-c", "import verl; print(verl.__version__)"], capture_output=True, text=True)
+    have = probe.stdout.strip().splitlines()[-1:] or [""]
+    if probe.returncode or have[0] != want:
+        fail(f"`import verl` gives {have[0] or 'an error'!r}, not {want}: {last_line(probe.stderr)}")
+    composed = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", "--cfg", "job"],
+                              capture_output=True, text=True)
+    if composed.returncode or "actor_rollout_ref:" not in composed.stdout:
+        fail(f"verl's trainer cannot compose its config (main_ppo --cfg job): {last_line(composed.stderr)}")
+    print(f"verl-deploy: import verl gives {have[0]}; main_ppo --cfg job composes verl's config")
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
 
 
 if __name__ == "__main__":
-    {"torch": check_torch, "deps": check_deps}[sys.argv[1]]()
+    {"torch": check_torch, "deps": check_deps, "verl": check_verl}[sys.argv[1]]()

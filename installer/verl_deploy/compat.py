@@ -12,6 +12,9 @@ from pathlib import Path
 
 CATALOG_PATH = Path(__file__).resolve().parents[2] / "docker" / "variants.yaml"
 
+# The runtime of the catalog's `variants:` (verl_runtime); the others are the catalog's `runtimes:`.
+DEFAULT_RUNTIME = "verl-deploy"
+
 # The driver floor the verl tutorial asks for; it is also CUDA 12.x's minor-version-compatibility floor.
 DRIVER_FLOOR = "525.60.13"
 
@@ -63,10 +66,27 @@ class Variant:
     compute_capabilities: tuple[str, ...]
     compiler: bool = False
     unused: tuple[str, ...] = ()  # distributions the build removes again: nothing in the image uses them
+    runtime: str = DEFAULT_RUNTIME  # what trains in the image (the catalog's `runtimes:`)
 
     @property
     def is_cpu(self) -> bool:
         return self.cuda is None
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What trains inside an image: verl-deploy's own runtime, or one of the catalog's `runtimes:`."""
+
+    name: str
+    description: str
+    version: str | None = None  # None: this project's version
+    dockerfile: str = "Dockerfile"  # under docker/
+    packages: tuple[str, ...] = ()  # pip requirements beside torch and vLLM
+    trainer: tuple[str, ...] = ()  # the training command ((): `python -m verl_runtime`, the image's entrypoint)
+
+    @property
+    def is_default(self) -> bool:
+        return self.name == DEFAULT_RUNTIME
 
 
 @dataclass(frozen=True)
@@ -80,33 +100,63 @@ class Verdict:
     needs_driver: str | None = None  # set when a newer driver alone would make it run
 
 
-def load_catalog(path: Path | None = None) -> dict[str, Variant]:
-    """The variant catalog, in file order, keyed by name."""
-    return dict(_load_catalog(path or CATALOG_PATH))
+def load_catalog(path: Path | None = None, runtime: str = DEFAULT_RUNTIME) -> dict[str, Variant]:
+    """The variants of one runtime's images, in file order, keyed by name (KeyError: no such runtime)."""
+    return dict(_load_catalog(path or CATALOG_PATH)[runtime])
+
+
+def load_runtimes(path: Path | None = None) -> dict[str, Runtime]:
+    """Every runtime an image can carry, verl-deploy's own first."""
+    return dict(_load_runtimes(path or CATALOG_PATH))
 
 
 @lru_cache(maxsize=4)
-def _load_catalog(path: Path) -> tuple[tuple[str, Variant], ...]:
+def _read(path: Path) -> dict:
     import yaml
 
-    data = yaml.safe_load(path.read_text())
-    return tuple(
-        (
-            name,
-            Variant(
-                name=name,
-                description=spec.get("description", ""),
-                cuda=_str_or_none(spec.get("cuda")),
-                torch=str(spec["torch"]),
-                torch_index_url=_str_or_none(spec.get("torch_index_url")),
-                vllm=_str_or_none(spec.get("vllm")),
-                min_driver=_str_or_none(spec.get("min_driver")),
-                compute_capabilities=tuple(str(cc) for cc in spec.get("compute_capabilities") or ()),
-                compiler=bool(spec.get("compiler", False)),
-                unused=tuple(str(name) for name in spec.get("unused") or ()),
-            ),
+    return yaml.safe_load(path.read_text())
+
+
+@lru_cache(maxsize=4)
+def _load_runtimes(path: Path) -> tuple[tuple[str, Runtime], ...]:
+    own = Runtime(DEFAULT_RUNTIME, "verl_runtime, this project's single-controller trainer")
+    others = (
+        Runtime(name=name, description=spec.get("description", ""), version=str(spec["version"]),
+                dockerfile=spec["dockerfile"], packages=tuple(spec.get("packages") or ()),
+                trainer=tuple(spec["trainer"]))
+        for name, spec in (_read(path).get("runtimes") or {}).items()
+    )
+    return tuple((runtime.name, runtime) for runtime in (own, *others))
+
+
+@lru_cache(maxsize=4)
+def _load_catalog(path: Path) -> dict[str, tuple[tuple[str, Variant], ...]]:
+    data = _read(path)
+    catalogs = {DEFAULT_RUNTIME: tuple((name, _variant(name, spec)) for name, spec in data["variants"].items())}
+    for runtime, spec in (data.get("runtimes") or {}).items():
+        # A runtime's variant keeps its plain variant's CUDA, driver floor and compiler; its pins replace the rest.
+        catalogs[runtime] = tuple(
+            (name, _variant(name, {"cuda": data["variants"][name]["cuda"],
+                                   "min_driver": data["variants"][name]["min_driver"],
+                                   "compiler": data["variants"][name].get("compiler", False), **own}, runtime))
+            for name, own in spec["variants"].items()
         )
-        for name, spec in data["variants"].items()
+    return catalogs
+
+
+def _variant(name: str, spec: dict, runtime: str = DEFAULT_RUNTIME) -> Variant:
+    return Variant(
+        name=name,
+        description=spec.get("description", ""),
+        cuda=_str_or_none(spec.get("cuda")),
+        torch=str(spec["torch"]),
+        torch_index_url=_str_or_none(spec.get("torch_index_url")),
+        vllm=_str_or_none(spec.get("vllm")),
+        min_driver=_str_or_none(spec.get("min_driver")),
+        compute_capabilities=tuple(str(cc) for cc in spec.get("compute_capabilities") or ()),
+        compiler=bool(spec.get("compiler", False)),
+        unused=tuple(str(name) for name in spec.get("unused") or ()),
+        runtime=runtime,
     )
 
 
@@ -213,7 +263,8 @@ def choose_variant(
 ) -> Variant:
     """The best variant for a host: the newest CUDA the driver fully supports; else (minor-version
     compatibility only) the oldest CUDA that runs, as it leans least on that compatibility; else cpu."""
-    runnable = [v.variant for v in check_variants(driver, capabilities, catalog) if v.runs]
+    verdicts = check_variants(driver, capabilities, catalog)
+    runnable = [v.variant for v in verdicts if v.runs]
     cuda = sorted((v for v in runnable if not v.is_cpu), key=lambda v: version_tuple(v.cuda))
     if cuda:
         newest_full = driver is not None and max_cuda(driver)
@@ -221,5 +272,7 @@ def choose_variant(
         return full[-1] if full else cuda[0]
     cpu = [v for v in runnable if v.is_cpu]
     if not cpu:
-        raise LookupError("the variant catalog has no cpu variant")
+        # A runtime with CUDA images only (upstream verl): say why none of them runs here.
+        raise LookupError("; ".join(f"{v.variant.name}: {v.reason} ({v.remedy})" for v in verdicts)
+                          or "the variant catalog has no cpu variant")
     return cpu[0]

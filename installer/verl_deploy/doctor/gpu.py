@@ -202,6 +202,21 @@ def _variant_findings(ctx: Context) -> list[Finding]:
         findings.append(Finding(AREA, "best variant", "fail", "no CUDA variant runs on this host: only cpu", remedy))
     else:
         findings.append(Finding(AREA, "best variant", "ok", f"{best.name} (images build --variant auto picks it)"))
+    return findings + _runtime_findings(ctx)
+
+
+def _runtime_findings(ctx: Context) -> list[Finding]:
+    """The images of the other runtimes (upstream verl): which run here. A skip, never a failure: they are a choice."""
+    findings = []
+    for runtime in compat.load_runtimes().values():
+        if runtime.is_default:
+            continue
+        for v in compat.check_variants(ctx.driver, ctx.capabilities, compat.load_catalog(runtime=runtime.name)):
+            name, what = f"variant {v.variant.name} --runtime {runtime.name}", f"{runtime.name} {runtime.version}"
+            findings.append(
+                Finding(AREA, name, "ok", f"runs ({what}: {_describe(v.variant)})") if v.runs
+                else Finding(AREA, name, "skip", f"cannot run here ({what}): {v.reason}",
+                             v.remedy if v.needs_driver else "upstream verl's images need an NVIDIA GPU"))
     return findings
 
 

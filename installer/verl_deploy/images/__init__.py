@@ -13,19 +13,26 @@ from pathlib import Path
 
 from rich.console import Console
 
-from verl_deploy.images.context import BuildOptions, ImageError, build_defaults, host_ca_bundle, image_tag, variant
+from verl_deploy.compat import DEFAULT_RUNTIME
+from verl_deploy.images.context import (
+    BuildOptions, ImageError, build_defaults, host_ca_bundle, image_tag, runtime, variant,
+)
 
 __all__ = ["BuildOptions", "ImageError", "ensure", "image_tag", "plan_build", "pull_ref", "resolve_variant"]
 
 
-def resolve_variant(name: str) -> str:
-    """A variant name; `auto` becomes what this host's driver and GPUs run best (no NVIDIA GPU: cpu)."""
+def resolve_variant(name: str, runtime_name: str = DEFAULT_RUNTIME) -> str:
+    """A variant name of a runtime; `auto` becomes what this host's driver and GPUs run best (no NVIDIA GPU: cpu,
+    where the runtime has one; else ImageError saying why none runs)."""
     if name != "auto":
-        return variant(name).name
+        return variant(name, runtime_name).name
     from verl_deploy import compat
     from verl_deploy.images.listing import host_reading
 
-    return compat.choose_variant(*host_reading()).name
+    try:
+        return compat.choose_variant(*host_reading(), compat.load_catalog(runtime=runtime(runtime_name).name)).name
+    except LookupError as exc:
+        raise ImageError(f"no {runtime_name} image runs on this host: {exc}") from None
 
 
 def _host_has_gpu() -> bool:
@@ -49,11 +56,12 @@ def plan_build(
     keep_ca_bundle: bool = False,
     no_cache: bool = False,
     env: dict[str, str] | None = None,
+    runtime_name: str = DEFAULT_RUNTIME,
 ) -> tuple[BuildOptions, list[str]]:
     """The options of one build and notes for the user (which CA bundle, which variant `auto` chose)."""
     notes = []
     env = os.environ if env is None else env
-    name = resolve_variant(variant_name)
+    name = resolve_variant(variant_name, runtime_name)
     if variant_name == "auto":
         notes.append(f"variant auto: {name} (what this host's driver and GPUs run best)")
     # This host's pip settings carry over into the build unless told otherwise: mirrors, then the CA bundle.
@@ -68,8 +76,8 @@ def plan_build(
         notes.append(f"using this host's CA bundle {found[0]} (from {found[1]}) for pip inside the build; "
                      f"it stays out of the image{'' if keep_ca_bundle else ' (--keep-ca-bundle keeps it)'}")
     opts = BuildOptions(
-        variant=variant(name),
-        tag=tag or image_tag(name, registry),
+        variant=variant(name, runtime_name),
+        tag=tag or image_tag(name, registry, runtime_name),
         base_image=base_image or build_defaults()["base_image"],
         pip_index_url=pip_index_url,
         pip_extra_index_urls=tuple(pip_extra_index_urls),
@@ -82,36 +90,38 @@ def plan_build(
     return opts, notes
 
 
-def pull_ref(variant_name: str, registry: str | None, tag: str | None) -> str:
+def pull_ref(variant_name: str, registry: str | None, tag: str | None, runtime_name: str = DEFAULT_RUNTIME) -> str:
     """What `images pull` pulls: --tag as given, else the variant's tag in --registry (there is no default one)."""
     if tag:
         return tag
     if not registry:
         raise ImageError("no registry publishes verl-deploy images: pass --registry HOST[:PORT] (where you pushed "
                          "them) or --tag REF, or build one: verl-deploy images build --variant V")
-    return image_tag(resolve_variant(variant_name), registry)
+    return image_tag(resolve_variant(variant_name, runtime_name), registry, runtime_name)
 
 
-def ensure(variant_name: str, console: Console | None = None) -> str:
+def ensure(variant_name: str, console: Console | None = None, runtime_name: str = DEFAULT_RUNTIME) -> str:
     """The tag of a variant's local image, built first (with the defaults) when this host lacks it."""
     import docker
 
     from verl_deploy.images.build import build
     from verl_deploy.images.engine import engine
 
-    name = resolve_variant(variant_name)
-    tag = image_tag(name)
+    name = resolve_variant(variant_name, runtime_name)
+    tag = image_tag(name, runtime_name=runtime_name)
     try:
         engine().images.get(tag)
         return tag
     except docker.errors.ImageNotFound:
         pass
-    if not variant(name).is_cpu and not _host_has_gpu():
+    if not variant(name, runtime_name).is_cpu and not _host_has_gpu():
         # A CUDA build is GBs and minutes; on a host without a GPU it is never what `run` was meant to start.
+        flags = f"--variant {name}" + (f" --runtime {runtime_name}" if runtime_name != DEFAULT_RUNTIME else "")
+        instead = "use --variant cpu, or " if variant(name, runtime_name).runtime == DEFAULT_RUNTIME else ""
         raise ImageError(f"{tag} is not on this host, and {name} is a CUDA image while this host has no NVIDIA GPU: "
-                         f"use --variant cpu, or build it on purpose first: verl-deploy images build --variant {name}")
+                         f"{instead}build it on purpose first: verl-deploy images build {flags}")
     console = console or Console(stderr=True)
-    opts, notes = plan_build(name)
+    opts, notes = plan_build(name, runtime_name=runtime_name)
     for note in notes:
         console.print(note)
     console.print(f"{tag} is not on this host: building it (once)")

@@ -18,10 +18,10 @@ from verl_deploy import __version__, compat
 
 DOCKER_DIR = compat.CATALOG_PATH.parent
 REPO = DOCKER_DIR.parent
-DOCKERFILE = DOCKER_DIR / "Dockerfile"
+DOCKERFILE = DOCKER_DIR / "Dockerfile"  # verl-deploy's runtime; another runtime's is named in the catalog
 # The project files an image needs, relative to the repository root.
 SOURCES = ("pyproject.toml", "installer/constraints.txt", "verl_runtime", "installer/verl_deploy")
-# The build's own checks (preflight, verify, prune): build-only, under build/ in the context.
+# The build's own steps (base, toolchain, preflight, verify, prune): under build/ in the context.
 BUILD_SCRIPTS = DOCKER_DIR / "build"
 SKIPPED = ("__pycache__", ".pyc", ".egg-info")
 # Where the build-only extras sit in the deps stage (see docker/Dockerfile).
@@ -56,18 +56,40 @@ def build_defaults() -> dict[str, Any]:
     return dict(yaml.safe_load(compat.CATALOG_PATH.read_text())["build"])
 
 
-def variant(name: str) -> compat.Variant:
-    """A catalog variant by name; ImageError naming the known ones otherwise."""
-    catalog = compat.load_catalog()
+def runtime(name: str = compat.DEFAULT_RUNTIME) -> compat.Runtime:
+    """A runtime by name; ImageError naming the known ones otherwise."""
+    runtimes = compat.load_runtimes()
+    if name not in runtimes:
+        raise ImageError(f"unknown runtime '{name}': choose one of {', '.join(runtimes)}")
+    return runtimes[name]
+
+
+def variant(name: str, runtime_name: str = compat.DEFAULT_RUNTIME) -> compat.Variant:
+    """A catalog variant of a runtime by name; ImageError naming the known ones otherwise."""
+    catalog = compat.load_catalog(runtime=runtime(runtime_name).name)
     if name not in catalog:
-        raise ImageError(f"unknown variant '{name}': choose one of {', '.join(catalog)} or auto")
+        of = "" if runtime_name == compat.DEFAULT_RUNTIME else f" of runtime {runtime_name}"
+        raise ImageError(f"unknown variant '{name}'{of}: choose one of {', '.join(catalog)} or auto")
     return catalog[name]
 
 
-def image_tag(variant_name: str, registry: str | None = None) -> str:
-    """The tag of a variant's image: [REGISTRY/]verl-deploy:<runtime version>-<variant>."""
-    name = f"{build_defaults()['repository']}:{__version__}-{variant_name}"
+def runtime_version(runtime_name: str = compat.DEFAULT_RUNTIME) -> str:
+    """The release a runtime's images carry: this project's for its own, the catalog's for the others."""
+    return runtime(runtime_name).version or __version__
+
+
+def image_tag(variant_name: str, registry: str | None = None, runtime_name: str = compat.DEFAULT_RUNTIME) -> str:
+    """The tag of a variant's image: [REGISTRY/]verl-deploy:<version>-<variant> for verl-deploy's runtime,
+    [REGISTRY/]verl-deploy:<runtime>-<version>-<variant> for another (verl-deploy:verl-0.9.1-cu130)."""
+    version = runtime_version(runtime_name)
+    prefix = "" if runtime_name == compat.DEFAULT_RUNTIME else f"{runtime_name}-"
+    name = f"{build_defaults()['repository']}:{prefix}{version}-{variant_name}"
     return f"{registry.rstrip('/')}/{name}" if registry else name
+
+
+def dockerfile(v: compat.Variant) -> Path:
+    """The Dockerfile of a variant's runtime (docker/Dockerfile for verl-deploy's own)."""
+    return DOCKER_DIR / runtime(v.runtime).dockerfile
 
 
 def host_ca_bundle(env: dict[str, str] | None = None) -> tuple[Path, str] | None:
@@ -130,6 +152,8 @@ def build_args(opts: BuildOptions) -> dict[str, str]:
     v = opts.variant
     return {
         "BASE_IMAGE": opts.base_image,
+        "RUNTIME": v.runtime,
+        "RUNTIME_PACKAGES": " ".join(runtime(v.runtime).packages),
         "VARIANT": v.name,
         "CUDA": v.cuda or "none",
         "TORCH_VERSION": v.torch,
@@ -138,7 +162,7 @@ def build_args(opts: BuildOptions) -> dict[str, str]:
         "COMPILER": "true" if v.compiler else "false",
         "UNUSED": " ".join(unused(v)),
         "UNUSED_PATHS": " ".join(unused_paths(v)),
-        "RUNTIME_VERSION": __version__,
+        "RUNTIME_VERSION": runtime_version(v.runtime),
         "NVIDIA_VISIBLE_DEVICES": "void" if v.is_cpu else "all",
         "NVIDIA_REQUIRE_CUDA": nvidia_require_cuda(v),
     }
@@ -172,7 +196,7 @@ def check(opts: BuildOptions) -> None:
 
 def context_members(opts: BuildOptions) -> dict[str, Path | bytes]:
     """Every file of the build context: archive name -> a file on disk or the content itself."""
-    members: dict[str, Path | bytes] = {"Dockerfile": DOCKERFILE}
+    members: dict[str, Path | bytes] = {"Dockerfile": dockerfile(opts.variant)}
     for source in SOURCES:
         path = REPO / source
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
@@ -180,7 +204,7 @@ def context_members(opts: BuildOptions) -> dict[str, Path | bytes]:
             name = file.relative_to(REPO).as_posix()
             if not any(skipped in name for skipped in SKIPPED):
                 members[name] = file
-    for script in sorted(BUILD_SCRIPTS.glob("*.py")):
+    for script in sorted([*BUILD_SCRIPTS.glob("*.py"), *BUILD_SCRIPTS.glob("*.sh")]):
         members[f"build/{script.name}"] = script
     members["extras/pip.conf"] = pip_config(opts).encode()
     members["extras/pip-torch.conf"] = pip_config(opts, for_torch=True).encode()

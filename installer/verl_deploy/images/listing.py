@@ -28,18 +28,25 @@ class Row:
 
 
 def rows(driver: str | None, capabilities: list[str], local: dict[str, list[LocalImage]]) -> list[Row]:
-    """One row per catalog variant: its local images (by the verl-deploy.variant label) and compat's verdict."""
+    """One row per variant of each runtime (ours first): its local images (by the verl-deploy.variant and
+    .runtime labels) and compat's verdict."""
     return [
-        Row(verdict.variant, verdict, tuple(local.get(verdict.variant.name, ())))
-        for verdict in compat.check_variants(driver, capabilities)
+        Row(verdict.variant, verdict, tuple(local.get(_key(verdict.variant.runtime, verdict.variant.name), ())))
+        for runtime in compat.load_runtimes()
+        for verdict in compat.check_variants(driver, capabilities, compat.load_catalog(runtime=runtime))
     ]
 
 
+def _key(runtime: str, variant: str) -> str:
+    return variant if runtime == compat.DEFAULT_RUNTIME else f"{runtime}/{variant}"
+
+
 def local_images() -> dict[str, list[LocalImage]]:
-    """This host's verl-deploy images by variant, newest first."""
+    """This host's verl-deploy images by variant (another runtime's: "runtime/variant"), newest first."""
     found: dict[str, list[LocalImage]] = {}
     for image in engine().api.images(filters={"label": "verl-deploy.variant"}):
-        name = (image.get("Labels") or {}).get("verl-deploy.variant", "")
+        labels = image.get("Labels") or {}
+        name = _key(labels.get("verl-deploy.runtime") or compat.DEFAULT_RUNTIME, labels.get("verl-deploy.variant", ""))
         created = datetime.fromtimestamp(image["Created"]).strftime("%Y-%m-%d %H:%M")
         tags = tuple(t for t in image.get("RepoTags") or () if t != "<none>:<none>")
         if tags:
@@ -75,13 +82,13 @@ def table(found: list[Row], engine_note: str = "") -> Table:
         # Long registry tags fold rather than squeezing the short columns to an ellipsis.
         out.add_column(column, no_wrap=column in ("variant", "size", "created"), overflow="fold")
     for row in found:
-        v, tag = row.variant, image_tag(row.variant.name)
+        v, tag = row.variant, image_tag(row.variant.name, runtime_name=row.variant.runtime)
         image = next((i for i in row.images if tag in i.tags), None)
         others = sorted({t for i in row.images for t in i.tags} - {tag})
         runs = "[green]yes[/]" if row.verdict.runs else f"[yellow]no[/]: {row.verdict.reason}"
         out.add_row(
-            v.name,
-            f"{v.cuda or 'cpu'} / {v.torch}" + (f" + vLLM {v.vllm}" if v.vllm else ""),
+            v.name if v.runtime == compat.DEFAULT_RUNTIME else f"{v.name}\n[dim]--runtime {v.runtime}[/]",
+            f"{v.cuda or 'cpu'} / {v.torch}" + (f" + vLLM {v.vllm}" if v.vllm else "") + _runtime_note(v),
             (tag if image else f"{tag} [dim](not built or pulled)[/]")
             + (f"\n[dim]also: {', '.join(others)}[/]" if others else ""),
             f"{image.size / 1e9:.2f} GB" if image else "",
@@ -89,6 +96,11 @@ def table(found: list[Row], engine_note: str = "") -> Table:
             runs,
         )
     return out
+
+
+def _runtime_note(v: compat.Variant) -> str:
+    runtime = compat.load_runtimes()[v.runtime]
+    return "" if runtime.is_default else f"\n{runtime.name} {runtime.version}"
 
 
 def list_variants() -> tuple[list[Row], str]:
