@@ -4,6 +4,8 @@ from pathlib import Path
 
 import typer
 
+DEFAULT_RUNTIME = "verl-deploy"  # compat.DEFAULT_RUNTIME, without importing it (and PyYAML) for --help
+
 from verl_deploy import __version__
 
 app = typer.Typer(
@@ -103,6 +105,7 @@ def run(
     runs_dir: Path = _RUNS_DIR_OPTION,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run (docker run line, Kubernetes YAML); start nothing."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Start and return; follow with `verl-deploy logs -f RUN`."),
+    runtime: str = typer.Option(None, "--runtime", help="verl-deploy (this project's trainer, the default) or verl: upstream verl's main_ppo in its image, with the overrides as verl takes them (docs/verl-runtime.md)."),
 ) -> None:
     """Train with CONFIG on this host (local), in a container (docker) or on a cluster (k8s)."""
     import dataclasses
@@ -112,14 +115,18 @@ def run(
     from verl_deploy.launchers import (
         CLUSTER_GPU_VARIANT, LaunchError, default_image, ensure_default_image, get_launcher,
     )
+    from verl_deploy.launchers import upstream
     from verl_deploy.launchers.jobspec import build_spec, parse_env, parse_gpus, world_of
 
     root = runs_dir or runs.default_runs_root()
     try:
-        config, overrides = _config_and_overrides(args or [], overrides)
+        if resume and runtime is None:
+            runtime = runs.read_record(root / resume).get("runtime")
+        runtime = _runtime(runtime)
+        config, overrides = _config_and_overrides(args or [], overrides, runtime)
         if resume:
             again = runs.plan_resume(root, resume, config=config, target=target, overrides=overrides, gpus=gpus,
-                                     nodes=nodes, image=image)
+                                     nodes=nodes, image=image, needs_config=runtime == DEFAULT_RUNTIME)
             config, target, overrides, gpus, nodes, image = (again.config, again.target, again.overrides, again.gpus,
                                                              again.nodes, again.image)
             for change in again.changes:
@@ -131,14 +138,19 @@ def run(
             raise ValueError(f"run {run_id} already exists under {root}: `--resume {run_id}` continues it, or choose "
                              "another --run-id")
         target = target or "docker"
-        gpus, nodes = world_of(config, tuple(overrides), gpus, nodes)  # --gpus/--nodes, or verl's keys for them
+        if runtime != DEFAULT_RUNTIME and target == "local":
+            raise LaunchError(f"--runtime {runtime} runs in its image: use --target docker or --target k8s")
+        if runtime == DEFAULT_RUNTIME:
+            gpus, nodes = world_of(config, tuple(overrides), gpus, nodes)  # --gpus/--nodes, or verl's keys for them
+        else:
+            gpus, nodes = upstream.world(overrides, gpus, nodes)
         extra_env = parse_env(env)
         wanted_gpus = parse_gpus(gpus).wanted
         variant = variant or ("auto" if wanted_gpus else "cpu")
         if variant == "auto" and target == "k8s":
-            variant = CLUSTER_GPU_VARIANT  # the cluster's drivers are not this host's
+            variant = CLUSTER_GPU_VARIANT if runtime == DEFAULT_RUNTIME else "cu130"  # not this host's drivers
         build_image = image is None and target == "docker" and not dry_run
-        image = image or default_image(variant)
+        image = image or default_image(variant, runtime)
         if hf_cache is None and target == "docker":
             hf_cache = os.environ.get("HF_HOME", "~/.cache/huggingface")
         # On Kubernetes, --data and --hf-cache name claims; elsewhere they are host directories.
@@ -151,17 +163,19 @@ def run(
             config, image=image, variant=None if variant == "auto" else variant,
             runs_root=root, run_id=resume or run_id, overrides=tuple(overrides),
             gpus=gpus, cpus=cpus, memory=memory, shm_size=shm_size, ipc_host=ipc_host, nodes=nodes,
-            **volumes, storage_class=storage_class, env=extra_env, namespace=namespace,
+            **volumes, storage_class=storage_class, env=extra_env, namespace=namespace, runtime=runtime,
         )
         launcher = get_launcher(target, root, namespace)
-        if dry_run:
-            typer.echo(launcher.dry_run(spec))
-            return
         if build_image:  # only once the config and flags are known to be good: a build takes minutes
             from verl_deploy.launchers.docker import check_sizes
 
             check_sizes(spec)
-            spec = dataclasses.replace(spec, image=ensure_default_image(variant))
+            spec = dataclasses.replace(spec, image=ensure_default_image(variant, runtime))
+        if spec.upstream:
+            _check_with_verl(spec)
+        if dry_run:
+            typer.echo(launcher.dry_run(spec))
+            return
         if resume:
             runs.note_resume(spec.run_dir, again.changes)
         code = launcher.launch(spec, detach=detach)
@@ -174,15 +188,49 @@ def run(
     raise typer.Exit(code)
 
 
-def _config_and_overrides(args: list[str], settings: list[str]) -> tuple[Path | None, list[str]]:
+def _runtime(name: str | None) -> str:
+    """--runtime checked against the catalog's runtimes (one line naming them otherwise)."""
+    from verl_deploy.compat import load_runtimes
+    from verl_deploy.launchers import LaunchError
+
+    name = name or DEFAULT_RUNTIME
+    if name not in load_runtimes():
+        raise LaunchError(f"unknown runtime {name!r}: choose one of {', '.join(load_runtimes())}")
+    return name
+
+
+def _config_and_overrides(args: list[str], settings: list[str],
+                          runtime: str = "verl-deploy") -> tuple[Path | None, list[str]]:
     """`run`'s arguments: an optional CONFIG file first, then KEY=VALUE overrides (verl's: +key=value too), which
-    come after the --set ones; LaunchError for one that is not KEY=VALUE."""
+    come after the --set ones; LaunchError for one that is not KEY=VALUE. Upstream verl's are kept as given
+    (Hydra's +key, ++key and ~key)."""
     config = None
     if args and "=" not in args[0] and not args[0].startswith(("+", "~")):
         config, args = Path(args[0]), args[1:]
+    from verl_deploy.launchers import upstream
     from verl_deploy.launchers.jobspec import check_overrides
 
-    return config, list(check_overrides([*settings, *args]))
+    check = check_overrides if runtime == DEFAULT_RUNTIME else upstream.check_overrides
+    return config, list(check([*settings, *args]))
+
+
+def _check_with_verl(spec) -> None:
+    """The overrides composed by verl's own config in its image (main_ppo --cfg job), when the image is on this
+    host; LaunchError with Hydra's message as one line. Where the image is not here (a cluster's, one to pull),
+    a note says the check waits for the trainer."""
+    from verl_deploy.launchers import LaunchError, upstream
+    from verl_deploy.launchers.docker import client
+
+    try:
+        engine = client()
+        engine.images.get(spec.image)
+    except Exception:  # no engine, or the image is elsewhere (a registry, the cluster's nodes)
+        typer.echo(f"note: {spec.image} is not on this host, so verl's config has not checked the overrides "
+                   "(the trainer checks them when it starts)", err=True)
+        return
+    typer.echo(f"checking the overrides with verl's config in {spec.image} (main_ppo --cfg job, validate_config)",
+               err=True)
+    upstream.check_in_image(engine, spec.image, spec.trainer_args()[len(spec.trainer):])
 
 
 @app.command()
@@ -296,6 +344,7 @@ images_app = typer.Typer(
 app.add_typer(images_app, name="images")
 _VARIANT_OPTION = typer.Option("auto", "--variant", help="A variant of docker/variants.yaml (`images list` shows them) or auto: what this host runs best.")
 _REGISTRY_OPTION = typer.Option(None, "--registry", help="Registry host[:port] the tag is for, e.g. 127.0.0.1:5000.")
+_RUNTIME_OPTION = typer.Option("verl-deploy", "--runtime", help="What trains in the image: verl-deploy (this project's runtime) or verl (upstream verl and its main_ppo; `images list` shows the versions).")
 
 
 def _image_error(exc: Exception) -> typer.Exit:
@@ -317,6 +366,7 @@ def images_build(
     keep_ca_bundle: bool = typer.Option(False, "--keep-ca-bundle", help="Keep the CA bundle in the image and trust it there."),
     push: bool = typer.Option(False, "--push", help="Push the image when built."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every layer."),
+    runtime: str = _RUNTIME_OPTION,
 ) -> None:
     """Build a variant's image (the trainer runtime on torch) through the Docker engine."""
     from rich.console import Console
@@ -330,7 +380,7 @@ def images_build(
         opts, notes = images.plan_build(
             variant, base_image=base_image, tag=tag, registry=registry, pip_index_url=pip_index_url,
             pip_extra_index_urls=tuple(pip_extra_index_url), torch_index_url=torch_index_url, wheelhouse=wheelhouse,
-            ca_bundle=ca_bundle, keep_ca_bundle=keep_ca_bundle, no_cache=no_cache,
+            ca_bundle=ca_bundle, keep_ca_bundle=keep_ca_bundle, no_cache=no_cache, runtime_name=runtime,
         )
         for note in notes:
             console.print(note)
@@ -347,6 +397,7 @@ def images_pull(
     variant: str = _VARIANT_OPTION,
     registry: str = _REGISTRY_OPTION,
     tag: str = typer.Option(None, "--tag", help="Full image reference (default: REGISTRY/verl-deploy:<version>-<variant>)."),
+    runtime: str = _RUNTIME_OPTION,
 ) -> None:
     """Pull a variant's image, with a progress bar per layer (credentials: your Docker config)."""
     from rich.console import Console
@@ -356,7 +407,7 @@ def images_pull(
 
     console = Console(highlight=False, soft_wrap=True)
     try:
-        ref = images.pull_ref(variant, registry, tag)
+        ref = images.pull_ref(variant, registry, tag, runtime)
         console.print(pull(ref, console))
     except images.ImageError as exc:
         raise _image_error(exc) from None

@@ -57,13 +57,19 @@ class RunStatus:
         }
 
 
-def state_of(exit_code: int | None) -> str:
-    """A finished run's state from its exit code."""
+def state_of(exit_code: int | None, stop_asked: bool = False) -> str:
+    """A finished run's state from its exit code; one that `stop` asked to end is stopped, whatever its code (upstream
+    verl's Ray driver aborts on SIGTERM where our runtime exits 143)."""
     if exit_code is None:
         return "unknown"
     if exit_code == 0:
         return "succeeded"
-    return "stopped" if exit_code in STOPPED_CODES else "failed"
+    return "stopped" if exit_code in STOPPED_CODES or stop_asked else "failed"
+
+
+def note_stop(run_dir: Path) -> None:
+    """Keep that `stop` asked the run to end, before the signal goes: its exit code then reads as stopped."""
+    write_record(run_dir, {"stop_asked_at": _now()})
 
 
 def run_status(run_dir: Path, target: str, state: str, **fields) -> RunStatus:
@@ -131,7 +137,7 @@ class Resume:
 
 
 def plan_resume(runs_root: Path, run_id: str, *, config: Path | None, target: str | None, overrides: list[str],
-                gpus: str | None, nodes: int | None, image: str | None) -> Resume:
+                gpus: str | None, nodes: int | None, image: str | None, needs_config: bool = True) -> Resume:
     """The recorded launch of run_id with the given flags on top; ValueError (one line) for a run that is not
     there, so a typo never starts a fresh run under the typed name."""
     record = read_record(Path(runs_root) / run_id)
@@ -140,7 +146,7 @@ def plan_resume(runs_root: Path, run_id: str, *, config: Path | None, target: st
                          f"(a new run of that name: --run-id {run_id})")
     merged, changes = resume_overrides(record.get("overrides", []), list(overrides))
     recorded_config = Path(record["config"]) if record.get("config") else None
-    if config is None and recorded_config is None:
+    if config is None and recorded_config is None and needs_config:  # upstream verl's runs have none
         raise ValueError(f"run {run_id} recorded no config file: pass it (`verl-deploy run CONFIG --resume {run_id}`)")
     for what, old, new in (("config", recorded_config, config), ("--target", record.get("target"), target),
                            ("--gpus", record.get("gpus"), gpus), ("--nodes", record.get("nodes"), nodes),
@@ -163,15 +169,15 @@ def note_resume(run_dir: Path, changes: list[str]) -> None:
 def resume_overrides(recorded: list[str], given: list[str]) -> tuple[list[str], list[str]]:
     """The overrides a resumed run trains with (the recorded ones, then the ones given now, which win), and one
     line per key the new ones change ("key: old -> new")."""
-    merged = dict(item.split("=", 1) for item in recorded)
+    merged = dict(item.split("=", 1) if "=" in item else (item, None) for item in recorded)  # ~key: no value
     changes = []
     for item in given:
-        key, value = item.split("=", 1)
+        key, value = item.split("=", 1) if "=" in item else (item, None)
         if merged.get(key) != value:
             changes.append(f"{key}: {merged.get(key, '(config file)')} -> {value}")
         merged.pop(key, None)
         merged[key] = value
-    return [f"{key}={value}" for key, value in merged.items()], changes
+    return [key if value is None else f"{key}={value}" for key, value in merged.items()], changes
 
 
 def write_record(run_dir: Path, record: dict) -> None:
@@ -202,10 +208,18 @@ def last_metrics(run_dir: Path | str) -> dict:
         return {}
     for line in reversed(lines):
         try:
-            return json.loads(line)
+            return flat_metrics(json.loads(line))
         except ValueError:
             continue  # a line still being written
     return {}
+
+
+def flat_metrics(row: dict) -> dict:
+    """A metrics line as verl-deploy's runtime writes them (flat, with "step"); upstream verl's file logger writes
+    {"step": N, "data": {...}}."""
+    if isinstance(row, dict) and isinstance(row.get("data"), dict) and set(row) <= {"step", "data"}:
+        return {"step": row.get("step"), **row["data"]}
+    return row
 
 
 def metrics_lines(run_dir: Path | str) -> list[dict]:
@@ -217,7 +231,7 @@ def metrics_lines(run_dir: Path | str) -> list[dict]:
     found = []
     for line in lines:
         try:
-            found.append(json.loads(line))
+            found.append(flat_metrics(json.loads(line)))
         except ValueError:
             continue  # a line still being written
     return found

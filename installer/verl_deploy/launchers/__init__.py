@@ -60,18 +60,29 @@ __all__ = ["TARGETS", "JobSpec", "LaunchError", "Launcher", "get_launcher"]
 CLUSTER_GPU_VARIANT = "cu128"
 
 
-def default_image(variant: str) -> str:
-    """The tag `verl-deploy images build --variant V` produces (for a dry run or a cluster: nothing is built)."""
-    from verl_deploy.images.context import image_tag
+def default_image(variant: str, runtime: str = "verl-deploy") -> str:
+    """The tag `verl-deploy images build --variant V [--runtime R]` produces (for a dry run or a cluster: nothing
+    is built). `auto`: the cluster's variant (upstream verl's only one, cu130)."""
+    from verl_deploy.compat import load_catalog
+    from verl_deploy.images.context import ImageError, image_tag
 
-    return image_tag(CLUSTER_GPU_VARIANT if variant == "auto" else variant)
+    if variant == "auto":
+        variant = CLUSTER_GPU_VARIANT if runtime == "verl-deploy" else next(iter(load_catalog(runtime=runtime)))
+    if runtime != "verl-deploy" and variant not in load_catalog(runtime=runtime):
+        choices = ", ".join(load_catalog(runtime=runtime))
+        raise LaunchError(f"unknown variant {variant!r}" + (f" of runtime {runtime}" if runtime != "verl-deploy" else "")
+                          + f": choose one of {choices} or auto")
+    try:
+        return image_tag(variant, runtime_name=runtime)
+    except ImageError as exc:
+        raise LaunchError(str(exc)) from None
 
 
-def ensure_default_image(variant: str) -> str:
+def ensure_default_image(variant: str, runtime: str = "verl-deploy") -> str:
     """The variant's image (`auto`: doctor's choice for this host), built first when this host lacks it."""
     from verl_deploy import images
 
     try:
-        return images.ensure(variant)
+        return images.ensure(variant, runtime_name=runtime)
     except images.ImageError as exc:
         raise LaunchError(str(exc)) from None

@@ -63,17 +63,18 @@ def plans(spec: JobSpec) -> list[Plan]:
     """Containers in start order. Several nodes: a Ray head and workers on one network, the way a KubeRay
     RayJob runs; the trainer runs on the head and joins its cluster through RAY_ADDRESS."""
     if spec.nodes == 1:
-        return [Plan(spec.run_id, "trainer", spec.train_args())]
+        return [Plan(spec.run_id, "trainer", spec.trainer_args())]
     head = spec.run_id  # the head keeps the run's name: status, logs and stop follow it
     # Wait for the head, then serve it; `--block` returns once the head is gone, so workers end with the run.
+    # Upstream verl's Ray processes start with the secret files loaded (spec.with_secrets), as its trainer does.
     join = (
         f"until ray health-check --address={head}:{RAY_PORT} 2>/dev/null; do sleep 1; done; "
-        f"exec ray start --address={head}:{RAY_PORT} --block"
+        f"exec {shlex.join(spec.with_secrets(['ray', 'start', f'--address={head}:{RAY_PORT}', '--block']))}"
     )
     workers = [Plan(f"{spec.run_id}-worker-{i}", "ray-worker", [join], shell=True) for i in range(1, spec.nodes)]
-    train = shlex.join(["python", "-m", "verl_runtime", *spec.train_args()])
+    train = shlex.join(spec.command())
     start_head = (
-        f"ray start --head --port={RAY_PORT} --disable-usage-stats && "
+        f"{shlex.join(spec.with_secrets(['ray', 'start', '--head', f'--port={RAY_PORT}', '--disable-usage-stats']))} && "
         f"exec env RAY_ADDRESS=127.0.0.1:{RAY_PORT} {train}"
     )
     return [*workers, Plan(head, "ray-head", [start_head], shell=True)]
@@ -188,6 +189,8 @@ def container_options(spec: JobSpec, plan: Plan | None = None, environ=None) -> 
         options["memswap_limit"] = spec.memory  # no swap: a run out of memory is OOMKilled, not slowed to a crawl
     options["mounts"] = mounts
     options["environment"] = dict(spec.container_env)
+    if spec.working_dir:
+        options["working_dir"] = spec.working_dir
     if plan.shell:
         options["entrypoint"] = ["/bin/sh", "-c"]
     options["image"] = spec.image
@@ -243,6 +246,7 @@ RUN_FLAGS = {
     "memswap_limit": lambda v: ["--memory-swap", v],
     "mounts": lambda v: _each("-v", [_volume(mount) for mount in v]),
     "environment": lambda v: _each("-e", [f"{key}={value}" for key, value in v.items()]),
+    "working_dir": lambda v: ["--workdir", v],
     "entrypoint": lambda v: ["--entrypoint", v[0]],  # the rest of it goes after the image (below)
 }
 
@@ -356,6 +360,22 @@ def _ending(state: dict, memory: str | None) -> str:
     return (state.get("Error") or "")[:200]
 
 
+def _keep_console(run_dir: Path, container) -> bool:
+    """The trainer's console as the run's train.log, where the trainer kept none (upstream verl does not tee it as
+    our runtime does), so that `logs` has it once the container is gone: written whole, then renamed. False (and a
+    warning) when it cannot be written: the container, which still has it, is kept."""
+    tmp = run_dir / f".{TRAIN_LOG}.{os.getpid()}.tmp"
+    try:
+        tmp.write_bytes(container.logs())
+        os.replace(tmp, run_dir / TRAIN_LOG)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        print(f"warning: cannot keep the console of {container.name} in {run_dir} ({exc.strerror}): "
+              "its containers are kept", file=sys.stderr)
+        return False
+    return True
+
+
 def _age_s(container) -> float:
     """Seconds since the container was created (the engine says when, in UTC, to the nanosecond)."""
     created = datetime.strptime(container.attrs["Created"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
@@ -434,8 +454,8 @@ class DockerLauncher:
             previous = runs.read_record(spec.run_dir)
             _prepare_run_dir(spec)
             runs.write_record(spec.run_dir, {
-                **spec.record(), "target": self.target, "command": spec.train_args(), "memory": spec.memory,
-                "exit_code": None, "detail": "", "finished_at": None,
+                **spec.record(), "target": self.target, "command": spec.command(), "memory": spec.memory,
+                "exit_code": None, "detail": "", "finished_at": None, "stop_asked_at": None,
             })
             write_secrets(spec)
             container = self._start(engine, spec)
@@ -514,6 +534,8 @@ class DockerLauncher:
             print(f"warning: cannot record the end of run {run_id} in {run_dir} ({exc.strerror}): "
                   "its containers are kept", file=sys.stderr)
             return False
+        if not (run_dir / TRAIN_LOG).exists() and not _keep_console(run_dir, container):
+            return False
         self._remove_all(engine, run_id)
         _give_back(run_dir)
         return True
@@ -591,7 +613,8 @@ class DockerLauncher:
         if not ended:
             return runs.run_status(run_dir, self.target, "unknown", detail="its container is gone and how it ended "
                                    "was not recorded (removed outside verl-deploy?)")
-        return runs.run_status(run_dir, self.target, runs.state_of(record.get("exit_code")))
+        return runs.run_status(run_dir, self.target,
+                               runs.state_of(record.get("exit_code"), bool(record.get("stop_asked_at"))))
 
     def status(self, run_id: str) -> RunStatus:
         engine = self._live_engine()
@@ -642,6 +665,10 @@ class DockerLauncher:
             ended = self._from_record(self.runs_root / run_id)
             return f"run {run_id} is not running ({ended.state}): nothing to stop"
         if container.status == "running":
+            try:
+                runs.note_stop(self._run_dir(run_id, container))
+            except OSError:
+                pass  # the stop matters more than its note
             container.stop(timeout=STOP_GRACE_S)
         self._stop_workers(engine, run_id)
         container.reload()

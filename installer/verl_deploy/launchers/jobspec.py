@@ -92,8 +92,9 @@ class JobSpec:
 
     run_id: str
     image: str
-    config_path: Path  # on the host
+    config_path: Path | None  # on the host (None: upstream verl, whose config is its overrides)
     config_text: str
+    runtime: str = "verl-deploy"  # what trains: verl-deploy's runtime, or upstream verl (launchers/upstream.py)
     variant: str | None = None  # the image variant (docker/variants.yaml), when known
     overrides: tuple[str, ...] = ()
     run_dir: Path = Path("runs")  # on the host (local and Docker); Kubernetes keeps it on a PVC
@@ -124,7 +125,8 @@ class JobSpec:
         """What launch.json keeps of the spec, so that `--resume` starts the run again as it was (secrets by
         name only; no config text: the config file's path)."""
         return {
-            "run_id": self.run_id, "config": str(self.config_path), "overrides": list(self.overrides),
+            "run_id": self.run_id, "config": str(self.config_path) if self.config_path else None,
+            "runtime": self.runtime, "overrides": list(self.overrides),
             "gpus": str(self.gpus) if self.gpus.wanted else None, "nodes": self.nodes, "image": self.image,
             "variant": self.variant, "namespace": self.namespace, "secrets": list(self.secrets),
             "owner": f"{os.getuid()}:{os.getgid()}", "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -133,6 +135,48 @@ class JobSpec:
     @property
     def container_run_dir(self) -> str:
         return f"{RUNS_DIR}/{self.run_id}"
+
+    @property
+    def upstream(self) -> bool:
+        """Upstream verl trains (its main_ppo), not verl-deploy's runtime."""
+        return self.runtime != "verl-deploy"
+
+    @property
+    def working_dir(self) -> str | None:
+        """The trainer's working directory in the container (None: the image's). Upstream verl's is its run
+        directory: Hydra writes its outputs/ there (the image's root file system is read-only)."""
+        return self.container_run_dir if self.upstream else None
+
+    def trainer_args(self) -> list[str]:
+        """What follows the image's entrypoint: our runtime's `train ...`, or verl's whole command (its image's
+        entrypoint loads the secret files, then runs it)."""
+        if not self.upstream:
+            return self.train_args()
+        from verl_deploy.launchers import upstream
+
+        per_node = self.gpus.number or 0
+        return [*self.trainer, *upstream.trainer_args(self.overrides, per_node, self.nodes, self.container_run_dir)]
+
+    def command(self) -> list[str]:
+        """The whole command line that trains, for a shell to run (a Ray head, a RayJob's entrypoint)."""
+        if not self.upstream:
+            return ["python", "-m", "verl_runtime", *self.train_args()]
+        from verl_deploy.launchers.upstream import SECRETS_ENTRY
+
+        return [*SECRETS_ENTRY, *self.trainer_args()]
+
+    def with_secrets(self, argv: list[str]) -> list[str]:
+        """argv run with the secret files loaded first: upstream verl's Ray nodes (our runtime loads them itself)."""
+        from verl_deploy.launchers.upstream import SECRETS_ENTRY
+
+        return [*SECRETS_ENTRY, *argv] if self.upstream else argv
+
+    @property
+    def trainer(self) -> tuple[str, ...]:
+        """The runtime's training command (the catalog's `trainer`)."""
+        from verl_deploy.compat import load_runtimes
+
+        return load_runtimes()[self.runtime].trainer
 
     def train_args(self, config_file: str = CONFIG_FILE, run_dir: str | None = None) -> list[str]:
         """The runtime's command line after `python -m verl_runtime`; container paths unless told otherwise.
@@ -155,14 +199,17 @@ class JobSpec:
     @property
     def container_env(self) -> dict[str, str]:
         """Non-secret environment for the container (secrets are added by name by each launcher)."""
-        return {"HF_HOME": CACHE_DIR, "HOME": "/tmp", "PYTHONUNBUFFERED": "1", **self.env}
+        upstream_env = {}
+        if self.upstream:
+            from verl_deploy.launchers import upstream
+
+            upstream_env = upstream.environment(self.container_run_dir)
+        return {"HF_HOME": CACHE_DIR, "HOME": "/tmp", "PYTHONUNBUFFERED": "1", **upstream_env, **self.env}
 
     @property
     def mounts(self) -> list[Mount]:
-        mounts = [
-            Mount(str(self.config_path), CONFIG_FILE, read_only=True),
-            Mount(str(self.run_dir), self.container_run_dir),
-        ]
+        mounts = [Mount(str(self.config_path), CONFIG_FILE, read_only=True)] if self.config_path else []
+        mounts.append(Mount(str(self.run_dir), self.container_run_dir))
         if self.hf_cache:
             mounts.append(Mount(str(self.hf_cache), CACHE_DIR))
         if self.data_dir:
@@ -317,25 +364,37 @@ def build_spec(
     env: dict[str, str] | None = None,
     namespace: str = "default",
     environ: dict[str, str] | None = None,
+    runtime: str = "verl-deploy",
 ) -> JobSpec:
     """Check the user's input and assemble the spec; no side effects. No config: our defaults and the overrides
     (verl's way: NO_CONFIG). Overrides are `key=value` (verl's `+key=value` too); --gpus/--nodes not given come
     from verl's trainer.n_gpus_per_node/trainer.nnodes (world_of)."""
-    config_path = config_file(config)
-    overrides = check_overrides(overrides)
     if nodes is not None and nodes < 1:
         raise LaunchError("--nodes must be at least 1")
-    loaded = load_checked(config_path, overrides)  # its warnings (verl keys without effect here) shown once, here
-    gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
-    checked = check_config(loaded, parse_gpus(gpus), nodes)
-    reward_file, reward_name = host_reward_file(checked.reward.function)
+    if runtime != "verl-deploy":
+        from verl_deploy.launchers import upstream
+
+        if config is not None:
+            raise LaunchError(f"--runtime {runtime} takes no CONFIG file: verl's config is its overrides, "
+                              "`verl-deploy run --runtime verl -- KEY=VALUE ...`")
+        config_path, overrides = None, upstream.check_overrides(overrides)
+        gpus, nodes = upstream.world(overrides, gpus, nodes)
+        world_size, reward_file, reward_name = None, None, ""
+    else:
+        config_path = config_file(config)
+        overrides = check_overrides(overrides)
+        loaded = load_checked(config_path, overrides)  # its warnings (verl keys without effect here) shown once
+        gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
+        checked = check_config(loaded, parse_gpus(gpus), nodes)
+        world_size = checked.trainer.n_workers if parse_gpus(gpus).number else None
+        reward_file, reward_name = host_reward_file(checked.reward.function)
     if data_dir is not None and not Path(data_dir).is_dir():
         raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
     for option, claim in (("--data", data_claim), ("--hf-cache", cache_claim), ("--storage-class", storage_class)):
         if claim is not None and (len(claim) > 253 or not _DNS_NAME.match(claim)):
             raise LaunchError(f"{option} {claim!r}: on Kubernetes it names a PersistentVolumeClaim (or storage class), "
                               "not a folder: copy the data into a claim and pass its name (`kubectl get pvc`)")
-    run_id = check_run_id(run_id or new_run_id(config_path))
+    run_id = check_run_id(run_id or new_run_id(config_path or Path(runtime)))
     environ = os.environ if environ is None else environ
     env = {**{name: environ[name] for name in HUB_ENV if environ.get(name)}, **(env or {})}
     leaked = sorted(set(env) & set(SECRET_ENV))
@@ -345,8 +404,9 @@ def build_spec(
         run_id=run_id,
         image=image,
         variant=variant,
-        config_path=config_path.resolve(),
-        config_text=config_path.read_text(),
+        config_path=config_path.resolve() if config_path else None,
+        config_text=config_path.read_text() if config_path else "",
+        runtime=runtime,
         overrides=tuple(overrides),
         run_dir=(Path(runs_root) / run_id).resolve(),
         gpus=parse_gpus(gpus),
@@ -355,7 +415,7 @@ def build_spec(
         shm_size=shm_size,
         ipc_host=ipc_host,
         nodes=nodes,
-        world_size=checked.trainer.n_workers if parse_gpus(gpus).number else None,
+        world_size=world_size,
         reward_file=reward_file,
         reward_name=reward_name,
         hf_cache=Path(hf_cache).expanduser().resolve() if hf_cache else None,

@@ -57,19 +57,19 @@ def _gpu_count(spec: JobSpec) -> int:
     return spec.gpus.count
 
 
-def _driver_major_floor(variant: str | None) -> int | None:
+def _driver_major_floor(variant: str | None, runtime: str) -> int | None:
     """The lowest driver major the image variant runs on, for GPU Feature Discovery's driver label."""
     if not variant:
         return None
     from verl_deploy.compat import load_catalog
 
-    chosen = load_catalog().get(variant)
+    chosen = load_catalog(runtime=runtime).get(variant)
     return int(chosen.min_driver.split(".")[0]) if chosen and chosen.min_driver else None
 
 
 def _node_affinity(spec: JobSpec) -> dict:
     expressions = [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]
-    floor = _driver_major_floor(spec.variant)
+    floor = _driver_major_floor(spec.variant, spec.runtime)
     if floor:  # GFD's nvidia.com/cuda.driver.major; Gt compares integers
         expressions.append({"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": [str(floor - 1)]})
     return {
@@ -80,8 +80,13 @@ def _node_affinity(spec: JobSpec) -> dict:
 
 
 def _env(spec: JobSpec) -> list[dict]:
-    """Settings only: credentials are files in SECRETS_DIR (the secrets volume), never environment variables."""
-    return [{"name": key, "value": value} for key, value in spec.container_env.items()]
+    """Settings only: credentials are files in SECRETS_DIR (the secrets volume), never environment variables.
+    Upstream verl's pods also name the token file for huggingface_hub: KubeRay starts their Ray processes itself,
+    past the image's entrypoint that loads the files (a path, not the value; no file, no token)."""
+    env = dict(spec.container_env)
+    if spec.upstream:
+        env.setdefault("HF_TOKEN_PATH", f"{SECRETS_DIR}/HF_TOKEN")
+    return [{"name": key, "value": value} for key, value in env.items()]
 
 
 def secrets_volume() -> dict:
@@ -106,7 +111,8 @@ def _resources(spec: JobSpec) -> dict:
 
 
 def container(spec: JobSpec, name: str = "trainer", args: list[str] | None = None) -> dict:
-    """The trainer container; `args` replace the image's arguments (its entrypoint is `python -m verl_runtime`)."""
+    """The trainer container; `args` replace the image's arguments (its entrypoint: `python -m verl_runtime`, or
+    for upstream verl the secret-file loader, which runs them)."""
     body = {
         "name": name,
         "image": spec.image,
@@ -121,7 +127,7 @@ def container(spec: JobSpec, name: str = "trainer", args: list[str] | None = Non
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": [
-            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            *([] if spec.upstream else [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]),
             {"name": "secrets", "mountPath": SECRETS_DIR, "readOnly": True},
             {"name": "runs", "mountPath": RUNS_DIR},
             {"name": "cache", "mountPath": CACHE_DIR},
@@ -131,6 +137,8 @@ def container(spec: JobSpec, name: str = "trainer", args: list[str] | None = Non
     }
     if args is not None:
         body["args"] = args
+    if spec.working_dir:
+        body["workingDir"] = spec.working_dir
     return body
 
 
@@ -162,7 +170,7 @@ def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never", fe
         "automountServiceAccountToken": False,
         "containers": [main],
         "volumes": [
-            {"name": "config", "configMap": {"name": f"{spec.run_id}-config"}},
+            *([] if spec.upstream else [{"name": "config", "configMap": {"name": f"{spec.run_id}-config"}}]),
             secrets_volume(),
             {"name": "runs", "persistentVolumeClaim": {"claimName": f"{spec.run_id}-runs"}},
             {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim(spec)}},
@@ -173,7 +181,7 @@ def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never", fe
         ] + ([{"name": "data", "persistentVolumeClaim": {"claimName": spec.data_claim, "readOnly": True}}]
              if spec.data_claim else []),
     }
-    if fetch:
+    if fetch and not spec.upstream:  # upstream verl's image has no `fetch`: verl downloads the models itself
         body["initContainers"] = [fetch_container(spec)]
     if restart_policy:
         body["restartPolicy"] = restart_policy
@@ -241,7 +249,7 @@ def job(spec: JobSpec) -> dict:
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "template": {
                 "metadata": {"labels": dict(spec.labels)},
-                "spec": pod_spec(spec, container(spec, args=spec.train_args())),
+                "spec": pod_spec(spec, container(spec, args=spec.trainer_args())),
             },
         },
     }
@@ -262,7 +270,7 @@ def ray_job(spec: JobSpec) -> dict:
         "kind": "RayJob",
         "metadata": _metadata(spec, spec.run_id),
         "spec": {
-            "entrypoint": shlex.join(["python", "-m", "verl_runtime", *spec.train_args()]),
+            "entrypoint": shlex.join(spec.command()),
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "rayClusterSpec": {
@@ -284,7 +292,8 @@ def ray_job(spec: JobSpec) -> dict:
 
 def manifests(spec: JobSpec) -> list[dict]:
     workload = ray_job(spec) if spec.nodes > 1 else job(spec)
-    return [obj for obj in (config_map(spec), run_volume(spec), data_volume(spec), cache_volume(spec), workload) if obj]
+    config = None if spec.upstream else config_map(spec)  # upstream verl's config is its command line
+    return [obj for obj in (config, run_volume(spec), data_volume(spec), cache_volume(spec), workload) if obj]
 
 
 def to_yaml(objects: list[dict]) -> str:
