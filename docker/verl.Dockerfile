@@ -11,8 +11,8 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 # ---- base: the user and folders every image shares ------------------------------------------------------------
 FROM ${BASE_IMAGE} AS base
-COPY build/base.sh /extras/build/
-RUN sh /extras/build/base.sh && rm -rf /extras
+COPY build/base.sh /tmp/
+RUN sh /tmp/base.sh && rm /tmp/base.sh
 
 # ---- deps: torch, then verl with its pins, into /opt/venv --------------------------------------------------------
 FROM base AS deps
@@ -54,8 +54,8 @@ RUN python /extras/build/prune.py $(echo /opt/venv/lib/python3*/site-packages) \
 # ---- toolchain: Triton compiles its CUDA launcher with `cc` at first use -----------------------------------------
 FROM base AS toolchain
 ARG COMPILER=false
-COPY build/toolchain.sh /extras/build/
-RUN COMPILER=$COMPILER sh /extras/build/toolchain.sh && rm -rf /extras
+COPY build/toolchain.sh /tmp/
+RUN COMPILER=$COMPILER sh /tmp/toolchain.sh && rm /tmp/toolchain.sh
 
 # ---- runtime ---------------------------------------------------------------------------------------------------
 FROM toolchain AS runtime

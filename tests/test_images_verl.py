@@ -21,7 +21,7 @@ from verl_deploy import compat
 from verl_deploy.cli import app
 from verl_deploy.images import plan_build
 from verl_deploy.images.build import build
-from verl_deploy.launchers import upstream
+from verl_deploy.launchers import upstream, verl_command
 
 from test_verl_runtime import EXAMPLE
 
@@ -89,7 +89,7 @@ def test_non_root_without_setuid_binaries(docker_client, verl_image):
 
 
 def test_verl_s_config_composes_and_validates_the_docs_example(docker_client, verl_image):
-    args = upstream.trainer_args(EXAMPLE, 8, 1, "/workspace/runs/r")
+    args = verl_command.trainer_args(EXAMPLE, 8, 1, "/workspace/runs/r")
     composed = upstream.check_in_image(docker_client, verl_image.tag, args)
     assert "adv_estimator: grpo" in composed and "path: Qwen/Qwen2.5-0.5B-Instruct" in composed
     assert "n_gpus_per_node: 8" in composed and "default_local_dir: /workspace/runs/r/checkpoints" in composed
@@ -97,7 +97,7 @@ def test_verl_s_config_composes_and_validates_the_docs_example(docker_client, ve
 
 def test_verl_s_own_validation_stops_a_run_that_would_fail_at_start(docker_client, verl_image):
     """A config Hydra composes but verl's trainer refuses in its first seconds (validate_config)."""
-    args = upstream.trainer_args([*EXAMPLE, "data.train_batch_size=4"], 8, 1, "/workspace/runs/r")
+    args = verl_command.trainer_args([*EXAMPLE, "data.train_batch_size=4"], 8, 1, "/workspace/runs/r")
     with pytest.raises(upstream.LaunchError) as refused:
         upstream.check_in_image(docker_client, verl_image.tag, args)
     assert str(refused.value) == ("verl's config check fails: ValueError: train_batch_size (4) must be >= "

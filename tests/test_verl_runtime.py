@@ -17,7 +17,8 @@ from verl_deploy.images import plan_build
 from verl_deploy.images.context import (
     DOCKER_DIR, build_args, context_members, dockerfile, image_tag, runtime_version, target,
 )
-from verl_deploy.launchers import LaunchError, upstream
+from verl_deploy.launchers import LaunchError, upstream, verl_command
+from verl_deploy.launchers.jobspec import verl_world
 from verl_deploy.runs import flat_metrics, resume_overrides
 
 IMAGE = "verl-deploy:verl-0.9.1-cu130"
@@ -74,7 +75,7 @@ def test_both_dockerfiles_share_the_base_user_and_compiler_steps():
     """One user, one set of folders, one compiler layer: the scripts both Dockerfiles run."""
     for name in ("Dockerfile", "verl.Dockerfile"):
         text = (DOCKER_DIR / name).read_text()
-        assert "RUN sh /extras/build/base.sh" in text and "sh /extras/build/toolchain.sh" in text
+        assert "RUN sh /tmp/base.sh" in text and "sh /tmp/toolchain.sh" in text
         runtime = text.split("AS runtime\n", 1)[1].split("FROM runtime AS runtime-with-ca")[0]
         assert "USER 1000:1000" in runtime and "HF_HOME=/cache/huggingface" in runtime
         assert "/extras" not in runtime and "PIP_CERT" not in runtime
@@ -144,24 +145,24 @@ def test_doctor_says_which_verl_image_this_host_runs(tmp_path):
 # --- the command line ----------------------------------------------------------------------------------------
 
 def test_overrides_are_kept_as_verl_takes_them():
-    kept = upstream.check_overrides(["a.b=1", "+new.key=x", "++c.d=[1,2]", "~trainer.val_before_train",
+    kept = verl_command.check_overrides(["a.b=1", "+new.key=x", "++c.d=[1,2]", "~trainer.val_before_train",
                                      "trainer.logger=['console']"])
     assert kept[1] == "+new.key=x" and kept[3] == "~trainer.val_before_train"
     for bad in ("trainer.total_epochs", "=1", "--foo=1"):
-        with pytest.raises(LaunchError, match="is not one verl takes"):
-            upstream.check_overrides([bad])
+        with pytest.raises(ValueError, match="is not one verl takes"):
+            verl_command.check_overrides([bad])
 
 
 def test_gpus_and_nodes_become_verl_s_world_keys():
-    assert upstream.world([], "2", 3) == ("2", 3)
-    assert upstream.world(["trainer.n_gpus_per_node=4", "trainer.nnodes=2"], None, None) == ("4", 2)
+    assert verl_world([], "2", 3) == ("2", 3)
+    assert verl_world(["trainer.n_gpus_per_node=4", "trainer.nnodes=2"], None, None) == ("4", 2)
     with pytest.raises(LaunchError, match="trainer.n_gpus_per_node=4 but --gpus 2"):
-        upstream.world(["trainer.n_gpus_per_node=4"], "2", None)
+        verl_world(["trainer.n_gpus_per_node=4"], "2", None)
     with pytest.raises(LaunchError, match="pass --gpus N"):
-        upstream.world([], None, None)
+        verl_world([], None, None)
     with pytest.raises(LaunchError, match="--gpus all is not a count"):
-        upstream.world([], "all", None)
-    args = upstream.trainer_args(["trainer.logger=['console']"], 2, 3, "/workspace/runs/r")
+        verl_world([], "all", None)
+    args = verl_command.trainer_args(["trainer.logger=['console']"], 2, 3, "/workspace/runs/r")
     assert args[:3] == ["trainer.n_gpus_per_node=2", "trainer.nnodes=3",
                         "trainer.default_local_dir=/workspace/runs/r/checkpoints"]
     assert args[-1] == "trainer.logger=['console']" and not any(a.startswith("trainer.logger=[\"") for a in args)

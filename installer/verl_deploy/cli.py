@@ -4,9 +4,8 @@ from pathlib import Path
 
 import typer
 
-DEFAULT_RUNTIME = "verl-deploy"  # compat.DEFAULT_RUNTIME, without importing it (and PyYAML) for --help
-
 from verl_deploy import __version__
+from verl_deploy.compat import DEFAULT_RUNTIME
 
 app = typer.Typer(
     help="Run single-controller RL post-training (PPO, GRPO, ...) on a CPU, a GPU box or Kubernetes.",
@@ -112,11 +111,8 @@ def run(
     import os
 
     from verl_deploy import runs
-    from verl_deploy.launchers import (
-        CLUSTER_GPU_VARIANT, LaunchError, default_image, ensure_default_image, get_launcher,
-    )
-    from verl_deploy.launchers import upstream
-    from verl_deploy.launchers.jobspec import build_spec, parse_env, parse_gpus, world_of
+    from verl_deploy.launchers import LaunchError, cluster_variant, default_image, ensure_default_image, get_launcher
+    from verl_deploy.launchers.jobspec import build_spec, parse_env, parse_gpus, verl_world, world_of
 
     root = runs_dir or runs.default_runs_root()
     try:
@@ -143,12 +139,12 @@ def run(
         if runtime == DEFAULT_RUNTIME:
             gpus, nodes = world_of(config, tuple(overrides), gpus, nodes)  # --gpus/--nodes, or verl's keys for them
         else:
-            gpus, nodes = upstream.world(overrides, gpus, nodes)
+            gpus, nodes = verl_world(overrides, gpus, nodes)
         extra_env = parse_env(env)
         wanted_gpus = parse_gpus(gpus).wanted
         variant = variant or ("auto" if wanted_gpus else "cpu")
         if variant == "auto" and target == "k8s":
-            variant = CLUSTER_GPU_VARIANT if runtime == DEFAULT_RUNTIME else "cu130"  # not this host's drivers
+            variant = cluster_variant(runtime)  # the cluster's drivers are not this host's
         build_image = image is None and target == "docker" and not dry_run
         image = image or default_image(variant, runtime)
         if hf_cache is None and target == "docker":
@@ -200,17 +196,17 @@ def _runtime(name: str | None) -> str:
 
 
 def _config_and_overrides(args: list[str], settings: list[str],
-                          runtime: str = "verl-deploy") -> tuple[Path | None, list[str]]:
+                          runtime: str = DEFAULT_RUNTIME) -> tuple[Path | None, list[str]]:
     """`run`'s arguments: an optional CONFIG file first, then KEY=VALUE overrides (verl's: +key=value too), which
     come after the --set ones; LaunchError for one that is not KEY=VALUE. Upstream verl's are kept as given
     (Hydra's +key, ++key and ~key)."""
     config = None
     if args and "=" not in args[0] and not args[0].startswith(("+", "~")):
         config, args = Path(args[0]), args[1:]
-    from verl_deploy.launchers import upstream
+    from verl_deploy.launchers import verl_command
     from verl_deploy.launchers.jobspec import check_overrides
 
-    check = check_overrides if runtime == DEFAULT_RUNTIME else upstream.check_overrides
+    check = check_overrides if runtime == DEFAULT_RUNTIME else verl_command.check_overrides
     return config, list(check([*settings, *args]))
 
 
@@ -218,13 +214,15 @@ def _check_with_verl(spec) -> None:
     """The overrides composed by verl's own config in its image (main_ppo --cfg job), when the image is on this
     host; LaunchError with Hydra's message as one line. Where the image is not here (a cluster's, one to pull),
     a note says the check waits for the trainer."""
+    import docker
+
     from verl_deploy.launchers import LaunchError, upstream
     from verl_deploy.launchers.docker import client
 
     try:
         engine = client()
         engine.images.get(spec.image)
-    except Exception:  # no engine, or the image is elsewhere (a registry, the cluster's nodes)
+    except (LaunchError, docker.errors.DockerException):  # no engine, or the image is elsewhere (a registry, a cluster)
         typer.echo(f"note: {spec.image} is not on this host, so verl's config has not checked the overrides "
                    "(the trainer checks them when it starts)", err=True)
         return
@@ -344,7 +342,7 @@ images_app = typer.Typer(
 app.add_typer(images_app, name="images")
 _VARIANT_OPTION = typer.Option("auto", "--variant", help="A variant of docker/variants.yaml (`images list` shows them) or auto: what this host runs best.")
 _REGISTRY_OPTION = typer.Option(None, "--registry", help="Registry host[:port] the tag is for, e.g. 127.0.0.1:5000.")
-_RUNTIME_OPTION = typer.Option("verl-deploy", "--runtime", help="What trains in the image: verl-deploy (this project's runtime) or verl (upstream verl and its main_ppo; `images list` shows the versions).")
+_RUNTIME_OPTION = typer.Option(DEFAULT_RUNTIME, "--runtime", help="What trains in the image: verl-deploy (this project's runtime) or verl (upstream verl and its main_ppo; `images list` shows the versions).")
 
 
 def _image_error(exc: Exception) -> typer.Exit:

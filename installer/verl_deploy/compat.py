@@ -273,6 +273,6 @@ def choose_variant(
     cpu = [v for v in runnable if v.is_cpu]
     if not cpu:
         # A runtime with CUDA images only (upstream verl): say why none of them runs here.
-        raise LookupError("; ".join(f"{v.variant.name}: {v.reason} ({v.remedy})" for v in verdicts)
-                          or "the variant catalog has no cpu variant")
+        raise LookupError("; ".join(f"{v.variant.name}: {v.reason}" + (f" ({v.remedy})" * bool(v.needs_driver))
+                                    for v in verdicts) or "the variant catalog has no cpu variant")
     return cpu[0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_deploy.launchers.jobspec import JobSpec, LaunchError
 from verl_deploy.runs import RunStatus
 
@@ -60,25 +61,32 @@ __all__ = ["TARGETS", "JobSpec", "LaunchError", "Launcher", "get_launcher"]
 CLUSTER_GPU_VARIANT = "cu128"
 
 
-def default_image(variant: str, runtime: str = "verl-deploy") -> str:
+def cluster_variant(runtime: str = DEFAULT_RUNTIME) -> str:
+    """The variant a cluster's GPU nodes get for `auto`: CLUSTER_GPU_VARIANT, or another runtime's first (upstream
+    verl has cu130 alone)."""
+    from verl_deploy.compat import load_catalog
+
+    return CLUSTER_GPU_VARIANT if runtime == DEFAULT_RUNTIME else next(iter(load_catalog(runtime=runtime)))
+
+
+def default_image(variant: str, runtime: str = DEFAULT_RUNTIME) -> str:
     """The tag `verl-deploy images build --variant V [--runtime R]` produces (for a dry run or a cluster: nothing
-    is built). `auto`: the cluster's variant (upstream verl's only one, cu130)."""
+    is built). `auto`: the cluster's variant."""
     from verl_deploy.compat import load_catalog
     from verl_deploy.images.context import ImageError, image_tag
 
     if variant == "auto":
-        variant = CLUSTER_GPU_VARIANT if runtime == "verl-deploy" else next(iter(load_catalog(runtime=runtime)))
-    if runtime != "verl-deploy" and variant not in load_catalog(runtime=runtime):
+        variant = cluster_variant(runtime)
+    if runtime != DEFAULT_RUNTIME and variant not in load_catalog(runtime=runtime):
         choices = ", ".join(load_catalog(runtime=runtime))
-        raise LaunchError(f"unknown variant {variant!r}" + (f" of runtime {runtime}" if runtime != "verl-deploy" else "")
-                          + f": choose one of {choices} or auto")
+        raise LaunchError(f"unknown variant {variant!r} of runtime {runtime}: choose one of {choices} or auto")
     try:
         return image_tag(variant, runtime_name=runtime)
     except ImageError as exc:
         raise LaunchError(str(exc)) from None
 
 
-def ensure_default_image(variant: str, runtime: str = "verl-deploy") -> str:
+def ensure_default_image(variant: str, runtime: str = DEFAULT_RUNTIME) -> str:
     """The variant's image (`auto`: doctor's choice for this host), built first when this host lacks it."""
     from verl_deploy import images
 

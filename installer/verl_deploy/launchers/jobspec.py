@@ -11,8 +11,11 @@ import secrets as _secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import verl_runtime
+from verl_deploy import compat
+from verl_deploy.launchers import verl_command
 from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR  # noqa: F401 (the launchers read them from here)
 
 RUN_ID_LABEL = "verl-deploy.run-id"
@@ -94,7 +97,7 @@ class JobSpec:
     image: str
     config_path: Path | None  # on the host (None: upstream verl, whose config is its overrides)
     config_text: str
-    runtime: str = "verl-deploy"  # what trains: verl-deploy's runtime, or upstream verl (launchers/upstream.py)
+    runtime: str = compat.DEFAULT_RUNTIME  # what trains: verl-deploy's runtime, or upstream verl (verl_command.py)
     variant: str | None = None  # the image variant (docker/variants.yaml), when known
     overrides: tuple[str, ...] = ()
     run_dir: Path = Path("runs")  # on the host (local and Docker); Kubernetes keeps it on a PVC
@@ -139,7 +142,7 @@ class JobSpec:
     @property
     def upstream(self) -> bool:
         """Upstream verl trains (its main_ppo), not verl-deploy's runtime."""
-        return self.runtime != "verl-deploy"
+        return self.runtime != compat.DEFAULT_RUNTIME
 
     @property
     def working_dir(self) -> str | None:
@@ -152,31 +155,23 @@ class JobSpec:
         entrypoint loads the secret files, then runs it)."""
         if not self.upstream:
             return self.train_args()
-        from verl_deploy.launchers import upstream
-
         per_node = self.gpus.number or 0
-        return [*self.trainer, *upstream.trainer_args(self.overrides, per_node, self.nodes, self.container_run_dir)]
+        return [*self.trainer, *verl_command.trainer_args(self.overrides, per_node, self.nodes, self.container_run_dir)]
 
     def command(self) -> list[str]:
         """The whole command line that trains, for a shell to run (a Ray head, a RayJob's entrypoint)."""
         if not self.upstream:
             return ["python", "-m", "verl_runtime", *self.train_args()]
-        from verl_deploy.launchers.upstream import SECRETS_ENTRY
-
-        return [*SECRETS_ENTRY, *self.trainer_args()]
+        return [*verl_command.SECRETS_ENTRY, *self.trainer_args()]
 
     def with_secrets(self, argv: list[str]) -> list[str]:
         """argv run with the secret files loaded first: upstream verl's Ray nodes (our runtime loads them itself)."""
-        from verl_deploy.launchers.upstream import SECRETS_ENTRY
-
-        return [*SECRETS_ENTRY, *argv] if self.upstream else argv
+        return [*verl_command.SECRETS_ENTRY, *argv] if self.upstream else argv
 
     @property
     def trainer(self) -> tuple[str, ...]:
         """The runtime's training command (the catalog's `trainer`)."""
-        from verl_deploy.compat import load_runtimes
-
-        return load_runtimes()[self.runtime].trainer
+        return compat.load_runtimes()[self.runtime].trainer
 
     def train_args(self, config_file: str = CONFIG_FILE, run_dir: str | None = None) -> list[str]:
         """The runtime's command line after `python -m verl_runtime`; container paths unless told otherwise.
@@ -199,11 +194,7 @@ class JobSpec:
     @property
     def container_env(self) -> dict[str, str]:
         """Non-secret environment for the container (secrets are added by name by each launcher)."""
-        upstream_env = {}
-        if self.upstream:
-            from verl_deploy.launchers import upstream
-
-            upstream_env = upstream.environment(self.container_run_dir)
+        upstream_env = verl_command.environment(self.container_run_dir) if self.upstream else {}
         return {"HF_HOME": CACHE_DIR, "HOME": "/tmp", "PYTHONUNBUFFERED": "1", **upstream_env, **self.env}
 
     @property
@@ -307,6 +298,22 @@ def derive_world(trainer, gpus: str | None, nodes: int | None) -> tuple[str | No
     return gpus, nodes or config_nodes or 1
 
 
+def verl_world(overrides, gpus: str | None, nodes: int | None) -> tuple[str, int]:
+    """--gpus and --nodes for an upstream verl run: the flags, else its trainer.n_gpus_per_node/trainer.nnodes
+    overrides; LaunchError (one line) where they disagree or no GPU count is known (verl trains on GPUs only, and
+    its default of 8 per node would ask for GPUs the host may not have)."""
+    try:
+        trainer = SimpleNamespace(n_gpus_per_node=verl_command.count(overrides, verl_command.GPUS_KEY),
+                                  nnodes=verl_command.count(overrides, verl_command.NODES_KEY), device="cuda")
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    gpus, nodes = derive_world(trainer, gpus, nodes)
+    if parse_gpus(gpus).number is None or not parse_gpus(gpus).wanted:
+        raise LaunchError(f"upstream verl trains on GPUs and needs their count per node: pass --gpus N (or "
+                          f"{verl_command.GPUS_KEY}=N){'; --gpus all is not a count' if gpus == 'all' else ''}")
+    return gpus, nodes
+
+
 def check_config(config, gpus: Gpus, nodes: int):
     """Check a loaded config against the world size (sizes that must divide it), so that a mistake stops here with
     the trainer's own one-line message, not after an image is started or a job scheduled. Returns the config, with
@@ -364,21 +371,22 @@ def build_spec(
     env: dict[str, str] | None = None,
     namespace: str = "default",
     environ: dict[str, str] | None = None,
-    runtime: str = "verl-deploy",
+    runtime: str = compat.DEFAULT_RUNTIME,
 ) -> JobSpec:
     """Check the user's input and assemble the spec; no side effects. No config: our defaults and the overrides
     (verl's way: NO_CONFIG). Overrides are `key=value` (verl's `+key=value` too); --gpus/--nodes not given come
     from verl's trainer.n_gpus_per_node/trainer.nnodes (world_of)."""
     if nodes is not None and nodes < 1:
         raise LaunchError("--nodes must be at least 1")
-    if runtime != "verl-deploy":
-        from verl_deploy.launchers import upstream
-
+    if runtime != compat.DEFAULT_RUNTIME:
         if config is not None:
             raise LaunchError(f"--runtime {runtime} takes no CONFIG file: verl's config is its overrides, "
                               "`verl-deploy run --runtime verl -- KEY=VALUE ...`")
-        config_path, overrides = None, upstream.check_overrides(overrides)
-        gpus, nodes = upstream.world(overrides, gpus, nodes)
+        try:
+            config_path, overrides = None, verl_command.check_overrides(overrides)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
+        gpus, nodes = verl_world(overrides, gpus, nodes)
         world_size, reward_file, reward_name = None, None, ""
     else:
         config_path = config_file(config)

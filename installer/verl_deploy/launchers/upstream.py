@@ -1,90 +1,13 @@
-"""Upstream verl as a run's runtime (`verl-deploy run --runtime verl`): its command line, its world size, and the
-check of the overrides by verl's own config composition and validation inside its image, before anything starts.
-
-verl takes its config as Hydra overrides only (`key=value`, `+key=value` adds one, `++key=value` adds or sets,
-`~key` drops one), passed as given. --gpus/--nodes become trainer.n_gpus_per_node/trainer.nnodes; the run's
-checkpoints and metrics land in its run directory, where `status`, `logs` and `--resume` find them.
+"""Upstream verl's own check of a run's overrides (`verl-deploy run --runtime verl`): its config composed and
+validated by verl itself inside its image, before anything starts; Hydra's or verl's message as one line.
 """
 
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
 
-from verl_deploy.launchers.jobspec import LaunchError, derive_world, parse_gpus
+from verl_deploy.launchers.jobspec import LaunchError
 
-RUNTIME = "verl"
-# Where docker/verl.Dockerfile puts verl-deploy's secret-file loader, the image's entrypoint: a shell command (a Ray
-# head, a RayJob's entrypoint) names it itself.
-SECRETS_ENTRY = ("python3", "/opt/verl-deploy/secrets.py")
-# Hydra's override grammar, as far as telling a typo of the form from a key goes.
-_OVERRIDE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][\w.\-\[\]/@]*(=.*)?$", re.S)
-# The keys the launcher sets unless the overrides do.
-GPUS_KEY, NODES_KEY = "trainer.n_gpus_per_node", "trainer.nnodes"
-CHECKPOINTS_KEY, LOGGER_KEY = "trainer.default_local_dir", "trainer.logger"
-METRICS_FILE = "metrics.jsonl"  # verl's `file` logger writes here (VERL_FILE_LOGGER_PATH): `status` reads it
-# (runs.flat_metrics reads its lines)
-
-
-def check_overrides(overrides) -> tuple[str, ...]:
-    """verl's overrides as given; LaunchError (one line) for one that is not of Hydra's forms."""
-    for override in overrides:
-        if not _OVERRIDE.match(override) or ("=" not in override and not override.startswith("~")):
-            raise LaunchError(f"override {override!r} is not one verl takes: key=value, +key=value (a new key), "
-                              "++key=value or ~key (drop one)")
-    return tuple(overrides)
-
-
-def _key(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0]
-
-
-def given(overrides, key: str) -> str | None:
-    """The value the overrides give a key (the last one wins, as in Hydra), or None."""
-    value = None
-    for override in overrides:
-        if _key(override) == key and "=" in override:
-            value = override.split("=", 1)[1]
-    return value
-
-
-def world(overrides, gpus: str | None, nodes: int | None) -> tuple[str, int]:
-    """--gpus and --nodes for a verl run: the flags, else verl's trainer.n_gpus_per_node/trainer.nnodes overrides;
-    LaunchError (one line) where they disagree or no GPU count is known (verl trains on GPUs only; its default of
-    8 per node would silently ask for GPUs the host may not have)."""
-    def number(key: str) -> int | None:
-        text = given(overrides, key)
-        if text is None:
-            return None
-        if not text.isdigit():
-            raise LaunchError(f"{key}={text} is not a count: give a whole number")
-        return int(text)
-
-    trainer = SimpleNamespace(n_gpus_per_node=number(GPUS_KEY), nnodes=number(NODES_KEY), device="cuda")
-    gpus, nodes = derive_world(trainer, gpus, nodes)
-    if parse_gpus(gpus).number is None or not parse_gpus(gpus).wanted:
-        raise LaunchError(f"upstream verl trains on GPUs and needs their count per node: pass --gpus N (or "
-                          f"{GPUS_KEY}=N){'; --gpus all is not a count' if gpus == 'all' else ''}")
-    return gpus, nodes
-
-
-def trainer_args(overrides, gpus_per_node: int, nodes: int, run_dir: str) -> list[str]:
-    """main_ppo's arguments: the world size, the run directory's checkpoints and metrics file unless the overrides
-    say otherwise, then the overrides as given."""
-    args = []
-    for key, value in ((GPUS_KEY, gpus_per_node), (NODES_KEY, nodes), (CHECKPOINTS_KEY, f"{run_dir}/checkpoints"),
-                       (LOGGER_KEY, '["console","file"]')):
-        if given(overrides, key) is None:
-            args.append(f"{key}={value}")
-    return [*args, *overrides]
-
-
-def environment(run_dir: str) -> dict[str, str]:
-    """What verl's trainer reads from its environment: where its `file` logger writes."""
-    return {"VERL_FILE_LOGGER_PATH": f"{run_dir}/{METRICS_FILE}"}
-
-
-# --- the check: verl's own config composition in its image -----------------------------------------------------
 
 def composition_error(stderr: str) -> str:
     """Hydra's error, as one line: what it could not do and why, then its hint ("To append to your config use

@@ -1,0 +1,68 @@
+"""Upstream verl's command line in a run (`verl-deploy run --runtime verl`): main_ppo with the overrides as given,
+after what the launcher sets unless they do: --gpus/--nodes as trainer.n_gpus_per_node/trainer.nnodes, the run
+directory's checkpoints and metrics file, where `status`, `logs` and `--resume` find them. Pure; JobSpec reads it.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Where docker/verl.Dockerfile puts verl-deploy's secret-file loader, the image's entrypoint: a shell command (a Ray
+# head, a RayJob's entrypoint) names it itself.
+SECRETS_ENTRY = ("python3", "/opt/verl-deploy/secrets.py")
+# The keys the launcher sets unless the overrides do.
+GPUS_KEY, NODES_KEY = "trainer.n_gpus_per_node", "trainer.nnodes"
+CHECKPOINTS_KEY, LOGGER_KEY = "trainer.default_local_dir", "trainer.logger"
+METRICS_FILE = "metrics.jsonl"  # verl's `file` logger writes here (VERL_FILE_LOGGER_PATH): `status` reads it
+# (runs.flat_metrics reads its lines)
+# Hydra's override grammar, as far as telling a typo of the form from a key goes.
+_OVERRIDE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][\w.\-\[\]/@]*(=.*)?$", re.S)
+
+
+def check_overrides(overrides) -> tuple[str, ...]:
+    """verl's overrides as given; ValueError (one line) for one that is not of Hydra's forms."""
+    for override in overrides:
+        if not _OVERRIDE.match(override) or ("=" not in override and not override.startswith("~")):
+            raise ValueError(f"override {override!r} is not one verl takes: key=value, +key=value (a new key), "
+                             "++key=value or ~key (drop one)")
+    return tuple(overrides)
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def given(overrides, key: str) -> str | None:
+    """The value the overrides give a key (the last one wins, as in Hydra), or None."""
+    value = None
+    for override in overrides:
+        if _key(override) == key and "=" in override:
+            value = override.split("=", 1)[1]
+    return value
+
+
+def count(overrides, key: str) -> int | None:
+    """A count the overrides give (trainer.n_gpus_per_node, trainer.nnodes), or None; ValueError for one that is
+    not a whole number."""
+    text = given(overrides, key)
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise ValueError(f"{key}={text} is not a count: give a whole number")
+    return int(text)
+
+
+def trainer_args(overrides, gpus_per_node: int, nodes: int, run_dir: str) -> list[str]:
+    """main_ppo's arguments: the world size, the run directory's checkpoints and metrics file unless the overrides
+    say otherwise, then the overrides as given."""
+    args = []
+    for key, value in ((GPUS_KEY, gpus_per_node), (NODES_KEY, nodes), (CHECKPOINTS_KEY, f"{run_dir}/checkpoints"),
+                       (LOGGER_KEY, '["console","file"]')):
+        if given(overrides, key) is None:
+            args.append(f"{key}={value}")
+    return [*args, *overrides]
+
+
+def environment(run_dir: str) -> dict[str, str]:
+    """What verl's trainer reads from its environment: where its `file` logger writes."""
+    return {"VERL_FILE_LOGGER_PATH": f"{run_dir}/{METRICS_FILE}"}
