@@ -56,10 +56,14 @@ except Exception as exc:
 """
 
 
+CHECK_TIMEOUT_S = 300  # about 20 s on two CPU cores
+
+
 def check_in_image(engine, image: str, args: list[str]) -> str:
     """Compose and validate verl's config with these main_ppo arguments in its image (CHECK; no network, nothing
     mounted, no GPU); the composed config's text, or LaunchError with Hydra's or verl's message as one line."""
     import docker
+    import requests
 
     from verl_deploy.launchers.docker import ROLE_LABEL, TMPFS
 
@@ -74,9 +78,12 @@ def check_in_image(engine, image: str, args: list[str]) -> str:
     except docker.errors.APIError as exc:
         raise LaunchError(f"could not start {image} to check the overrides: {exc.explanation or exc}") from None
     try:
-        code = container.wait(timeout=300).get("StatusCode", 1)
+        code = container.wait(timeout=CHECK_TIMEOUT_S).get("StatusCode", 1)
         out = container.logs(stdout=True, stderr=False).decode(errors="replace")
         err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+    except requests.exceptions.RequestException:  # the wait's timeout, or the engine gone
+        raise LaunchError(f"verl's config check in {image} gave no answer within {CHECK_TIMEOUT_S} s: is this host "
+                          "busy? Try again") from None
     finally:
         container.remove(force=True)
     if code == 2:
