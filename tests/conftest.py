@@ -34,11 +34,12 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def docker_client():
-    """A client of a running Docker engine."""
+    """A client of a running Docker engine. Its calls may wait: right after a module removes a CUDA image's ~10 GB of
+    layers, the engine took more than 10 s to untag an image."""
     import docker
 
     try:
-        client = docker.from_env(timeout=10)
+        client = docker.from_env(timeout=120)
         client.ping()
     except Exception as exc:  # any failure means: no usable engine
         require(False, f"no Docker engine reachable: {exc}")
