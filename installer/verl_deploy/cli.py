@@ -186,13 +186,13 @@ def run(
 
 def _runtime(name: str | None) -> str:
     """--runtime checked against the catalog's runtimes (one line naming them otherwise)."""
-    from verl_deploy.compat import load_runtimes
+    from verl_deploy.images.context import ImageError, runtime
     from verl_deploy.launchers import LaunchError
 
-    name = name or DEFAULT_RUNTIME
-    if name not in load_runtimes():
-        raise LaunchError(f"unknown runtime {name!r}: choose one of {', '.join(load_runtimes())}")
-    return name
+    try:
+        return runtime(name or DEFAULT_RUNTIME).name
+    except ImageError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def _config_and_overrides(args: list[str], settings: list[str],

@@ -116,8 +116,9 @@ def ensure(variant_name: str, console: Console | None = None, runtime_name: str 
         pass
     if not variant(name, runtime_name).is_cpu and not _host_has_gpu():
         # A CUDA build is GBs and minutes; on a host without a GPU it is never what `run` was meant to start.
-        flags = f"--variant {name}" + (f" --runtime {runtime_name}" if runtime_name != DEFAULT_RUNTIME else "")
-        instead = "use --variant cpu, or " if variant(name, runtime_name).runtime == DEFAULT_RUNTIME else ""
+        ours = runtime_name == DEFAULT_RUNTIME  # only our runtime has a cpu variant to offer instead
+        flags = f"--variant {name}" + ("" if ours else f" --runtime {runtime_name}")
+        instead = "use --variant cpu, or " if ours else ""
         raise ImageError(f"{tag} is not on this host, and {name} is a CUDA image while this host has no NVIDIA GPU: "
                          f"{instead}build it on purpose first: verl-deploy images build {flags}")
     console = console or Console(stderr=True)

@@ -72,17 +72,15 @@ def cluster_variant(runtime: str = DEFAULT_RUNTIME) -> str:
 def default_image(variant: str, runtime: str = DEFAULT_RUNTIME) -> str:
     """The tag `verl-deploy images build --variant V [--runtime R]` produces (for a dry run or a cluster: nothing
     is built). `auto`: the cluster's variant."""
-    from verl_deploy.compat import load_catalog
-    from verl_deploy.images.context import ImageError, image_tag
+    from verl_deploy.images import context
 
     if variant == "auto":
         variant = cluster_variant(runtime)
-    if runtime != DEFAULT_RUNTIME and variant not in load_catalog(runtime=runtime):
-        choices = ", ".join(load_catalog(runtime=runtime))
-        raise LaunchError(f"unknown variant {variant!r} of runtime {runtime}: choose one of {choices} or auto")
     try:
-        return image_tag(variant, runtime_name=runtime)
-    except ImageError as exc:
+        if runtime != DEFAULT_RUNTIME:  # another runtime offers only some variants: name them
+            context.variant(variant, runtime)
+        return context.image_tag(variant, runtime_name=runtime)
+    except context.ImageError as exc:
         raise LaunchError(str(exc)) from None
 
 
