@@ -32,6 +32,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def remove_images_made_since(client, before: set[str], tag: str) -> None:
+    """An image build's teardown: the containers of `tag` (the runs of the tests: its layers go only after them),
+    then every image made since `before` (ids), newest first, so that a big build leaves no disk behind."""
+    for container in client.containers.list(all=True, filters={"ancestor": tag}):
+        container.remove(force=True)
+    made = [image for image in client.images.list(all=True) if image.id not in before]
+    for image in sorted(made, key=lambda i: i.attrs["Created"], reverse=True):
+        try:
+            client.images.remove(image.id, force=True, noprune=False)
+        except Exception:  # already gone with a child it parented
+            pass
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     """A client of a running Docker engine. Its calls may wait: right after a module removes a CUDA image's ~10 GB of

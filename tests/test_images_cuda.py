@@ -23,7 +23,7 @@ from verl_deploy.images import plan_build
 from verl_deploy.images.build import build
 from verl_deploy.images.context import nvidia_require_cuda, unused
 
-from conftest import REPO
+from conftest import REPO, remove_images_made_since
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -56,14 +56,7 @@ def cuda_image(docker_client, base_image):
               f"{used}", file=sys.stderr)
         yield SimpleNamespace(tag=built.tag, size=built.size, seconds=built.seconds, log=console.export_text())
     finally:
-        for container in docker_client.containers.list(all=True, filters={"ancestor": TAG}):
-            container.remove(force=True)  # the runs of the tests below: their image's layers go only after them
-        made = [image for image in docker_client.images.list(all=True) if image.id not in before]
-        for image in sorted(made, key=lambda i: i.attrs["Created"], reverse=True):
-            try:
-                docker_client.images.remove(image.id, force=True, noprune=False)
-            except Exception:  # already gone with a child it parented
-                pass
+        remove_images_made_since(docker_client, before, TAG)
 
 
 def run(client, image: str, script: str, user: str | None = None) -> str:

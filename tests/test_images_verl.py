@@ -23,6 +23,7 @@ from verl_deploy.images import plan_build
 from verl_deploy.images.build import build
 from verl_deploy.launchers import upstream, verl_command
 
+from conftest import remove_images_made_since
 from test_verl_runtime import EXAMPLE
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -46,14 +47,7 @@ def verl_image(docker_client, base_image):
         print(f"\nverl cu130 image: {built.size / 1e9:.2f} GB, built in {built.seconds:.0f} s", file=sys.stderr)
         yield SimpleNamespace(tag=built.tag)
     finally:
-        for container in docker_client.containers.list(all=True, filters={"ancestor": TAG}):
-            container.remove(force=True)
-        made = [image for image in docker_client.images.list(all=True) if image.id not in before]
-        for image in sorted(made, key=lambda i: i.attrs["Created"], reverse=True):
-            try:
-                docker_client.images.remove(image.id, force=True, noprune=False)
-            except Exception:  # already gone with a child it parented
-                pass
+        remove_images_made_since(docker_client, before, TAG)
 
 
 def in_image(client, image: str, command: list[str], **options) -> str:
