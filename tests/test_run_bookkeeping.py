@@ -154,9 +154,12 @@ def test_kill_9_of_a_detached_trainer_is_recorded_as_such(tmp_path):
 
 
 def test_ctrl_c_while_the_cli_is_still_importing_is_one_line():
-    # SIGINT arrives for real in the middle of `import typer`, the CLI's first heavy import.
+    # SIGINT arrives for real in the middle of `import typer`, the CLI's first heavy import. The child sets the
+    # disposition a terminal's Ctrl-C meets (Python's KeyboardInterrupt handler) itself: one started from a background
+    # job inherits SIGINT ignored, and Python then installs no handler at all.
     script = (
         "import builtins, os, signal\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "real = builtins.__import__\n"
         "def hook(name, *args, **kwargs):\n"
         "    if name == 'typer':\n"

@@ -14,6 +14,7 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 NVIDIA_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-toolkit")
 SMOKE_TIMEOUT_S = 60.0
+SDK_TIMEOUT_MARGIN_S = 10
 START_REMEDY = "start the engine (`sudo systemctl start docker`) or point DOCKER_HOST at a running one"
 GROUP_REMEDY = "add yourself to the docker group: `sudo usermod -aG docker $USER`, then log in again"
 TOOLKIT_REMEDY = (
@@ -29,8 +30,10 @@ def check(ctx: Context) -> list[Finding]:
         problem = _socket_problem(socket, explicit="DOCKER_HOST" in os.environ)
         if problem:
             return [problem]
+    import docker  # imported before the clock starts: a slow import on a loaded host is not a silent engine
+
     try:
-        version, info, client = call_with_timeout(lambda: _connect(ctx.timeout_s), ctx.timeout_s)
+        version, info, client = call_with_timeout(lambda: _connect(docker, ctx.timeout_s), ctx.timeout_s)
     except Exception as exc:
         if isinstance(root_cause(exc), PermissionError):
             return [Finding(AREA, "engine", "fail", f"permission denied on {host}", GROUP_REMEDY)]
@@ -59,10 +62,10 @@ def _socket_problem(socket: str, explicit: bool) -> Finding | None:
     return None
 
 
-def _connect(timeout_s: float) -> tuple[dict[str, Any], dict[str, Any], Any]:
-    import docker
-
-    client = docker.from_env(timeout=max(1, int(timeout_s)))
+def _connect(docker: Any, timeout_s: float) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    # The SDK's own socket timeout is longer than the watchdog's (call_with_timeout), so an engine that accepts
+    # and never answers is always reported by the watchdog, in the same words, whichever thread runs first.
+    client = docker.from_env(timeout=int(timeout_s) + SDK_TIMEOUT_MARGIN_S)
     return client.version(), client.info(), client
 
 
