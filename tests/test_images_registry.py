@@ -96,6 +96,7 @@ def test_build_push_then_pull_back(docker_client, cpu_image, base_image, torch_w
     assert built.exit_code == 0, built.output
     ref = f"{registry}/verl-deploy:{__version__}-cpu"
     assert f"built {ref}" in built.output and "digest: sha256:" in built.output
+    assert f"pushed {ref}@sha256:" in built.output  # pinned, for `run --target k8s --image`
     pushed_id = docker_client.api.inspect_image(ref)["Id"]
 
     docker_client.images.remove(ref)  # an untag: verl-deploy:<version>-cpu keeps the shared layers
@@ -160,3 +161,99 @@ def test_private_registry_takes_credentials_from_the_docker_config(docker_client
     assert pulled.exit_code == 0, pulled.output
     assert "Pull complete" in pulled.output
     docker_client.images.remove(ref)
+
+
+# --- images push: a local image into a registry, printed pinned to the digest the registry gave --------------------
+
+
+def manifest_digest(registry: str, name: str, tag: str) -> str:
+    """The digest the registry itself serves a tag's manifest under (its HTTP API, Docker-Content-Digest)."""
+    request = urllib.request.Request(f"http://{registry}/v2/{name}/manifests/{tag}",
+                                     headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.headers["Docker-Content-Digest"]
+
+
+def test_push_prints_the_reference_pinned_to_the_registrys_digest(docker_client, registry):
+    from verl_deploy.images.registry import pinned
+
+    local, target = "verl-deploy-test/push:1", f"{registry}/team/verl-deploy-test/push:1"
+    small_image(docker_client, local)
+    try:
+        result = verl_deploy("images", "push", "--tag", local, "--registry", f"{registry}/team")
+        assert result.exit_code == 0, result.output
+        *layer_lines, pushed, hint = result.output.strip().splitlines()
+        assert pushed.startswith(f"pushed {target}@sha256:")
+        assert any(" Pushed " in line for line in layer_lines), layer_lines
+        ref = pushed.removeprefix("pushed ")
+        assert hint == f"run it on Kubernetes: verl-deploy run CONFIG --target k8s --image {ref}"
+        assert ref.partition("@")[2] == manifest_digest(registry, "team/verl-deploy-test/push", "1")
+        assert pinned(target) == ref
+        assert pinned(local) == local  # pushed under another name: the local tag has no digest of its own
+
+        # `run --target k8s --image <the tag>` puts the pushed digest in the manifest: the nodes pull what was pushed
+        import yaml
+
+        from conftest import REPO
+
+        dry = verl_deploy("run", str(REPO / "examples" / "quickstart.yaml"), "--target", "k8s", "--dry-run",
+                          "--image", target, "--run-id", "pinned")
+        assert dry.exit_code == 0, dry.output
+        job = [d for d in yaml.safe_load_all(dry.stdout) if d and d["kind"] == "Job"][0]["spec"]["template"]["spec"]
+        assert {(c["image"], c["imagePullPolicy"]) for c in job["containers"] + job["initContainers"]} == {
+            (ref, "IfNotPresent")}
+    finally:
+        for tag in (local, target):
+            docker_client.images.remove(tag)
+
+
+def test_push_of_a_missing_local_image_is_one_line(docker_client, registry):
+    result = verl_deploy("images", "push", "--tag", "verl-deploy-test/absent:1", "--registry", registry)
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        "error: verl-deploy-test/absent:1 is not on this host: `docker images` lists the local images")
+
+    tag = f"verl-deploy:{__version__}-cu128"
+    if docker_client.images.list(name=tag):
+        pytest.skip(f"{tag} is on this host: this part checks what a missing variant image says")
+    result = verl_deploy("images", "push", "--variant", "cu128", "--registry", registry)
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        f"error: {tag} is not on this host: build it first (verl-deploy images build --variant cu128), "
+        "or name a local image with --tag")
+
+
+def test_push_to_an_unreachable_registry_is_one_line(docker_client):
+    local = "verl-deploy-test/push-nowhere:1"
+    small_image(docker_client, local)
+    registry = f"127.0.0.1:{free_port()}"
+    try:
+        result = verl_deploy("images", "push", "--tag", local, "--registry", registry)
+        assert result.exit_code == 1
+        assert result.output.startswith(f"error: cannot reach registry {registry}: check its address")
+        assert len(result.output.strip().splitlines()) == 1
+    finally:
+        for tag in (local, f"{registry}/{local}"):
+            docker_client.images.remove(tag)
+
+
+def test_push_takes_credentials_from_the_docker_config(docker_client, private_registry, tmp_path, monkeypatch):
+    local, target = "verl-deploy-test/private-push:1", f"{private_registry}/verl-deploy-test/private-push:1"
+    small_image(docker_client, local)
+    try:
+        monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # no credentials for it yet
+        refused = verl_deploy("images", "push", "--tag", local, "--registry", private_registry)
+        assert refused.exit_code == 1
+        assert refused.output.strip() == (
+            f"error: push {target}: registry {private_registry} refused access: run `docker login {private_registry}` "
+            "with an account that may push it"
+        )
+
+        token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+        (tmp_path / "config.json").write_text(json.dumps({"auths": {private_registry: {"auth": token}}}))
+        pushed = verl_deploy("images", "push", "--tag", local, "--registry", private_registry)
+        assert pushed.exit_code == 0, pushed.output
+        assert f"pushed {target}@sha256:" in pushed.output
+    finally:
+        for tag in (local, target):
+            docker_client.images.remove(tag)
