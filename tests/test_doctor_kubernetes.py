@@ -98,7 +98,7 @@ def test_run_on_kubernetes_with_such_a_kubeconfig_is_one_line_and_exit_2(monkeyp
 
     path = junk(tmp_path, kind)
     monkeypatch.setenv("KUBECONFIG", str(path))
-    result = cli("run", QUICKSTART, "--target", "k8s", "--image", "img:1", "--runs-dir", tmp_path / "runs")
+    result = cli("run", QUICKSTART, "--target", "k8s", "--image", "reg.io/img:1", "--runs-dir", tmp_path / "runs")
     assert result.exit_code == 2, result.output
     [line] = result.output.splitlines()
     assert line.startswith(f"error: KUBECONFIG={path} is not a valid kubeconfig (") and JUNK[kind] in line

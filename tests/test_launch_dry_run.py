@@ -85,13 +85,23 @@ def test_uuid_gpus_become_device_requests(config, tmp_path):
         (["run", "missing.yaml", "--dry-run", "--image", "i"], "config file 'missing.yaml' does not exist"),
         (["run", "{config}", "--dry-run", "--image", "i", "--gpus", "lots"], "--gpus 'lots' is not understood"),
         (["run", "{config}", "--dry-run", "--image", "i", "--set", "nokey"], "needs the form key=value"),
-        (["run", "{config}", "--dry-run", "--image", "i", "--target", "k8s", "-n", "Bad_NS"],
+        (["run", "{config}", "--dry-run", "--image", "reg.io/i", "--target", "k8s", "-n", "Bad_NS"],
          "not a valid Kubernetes namespace"),
-        (["run", "{config}", "--dry-run", "--image", "i", "--target", "k8s", "--gpus", "all"],
+        (["run", "{config}", "--dry-run", "--image", "reg.io/i", "--target", "k8s", "--gpus", "all"],
          "give a count"),
         (["run", "{config}", "--dry-run", "--image", "i", "-e", "HF_TOKEN=x"], "must come from the environment"),
         (["run", "{config}", "--dry-run", "--image", "i", "-e", "HF_TOKEN"], "secrets pass from your environment"),
         (["run", "{config}", "--dry-run", "--image", "i", "--target", "moon"], "unknown target 'moon'"),
+        (["run", "{config}", "--dry-run", "--image", "verl-deploy:1", "--target", "k8s"],
+         "image verl-deploy:1 names no registry, so no node can pull it: `verl-deploy images push --registry"),
+        (["run", "{config}", "--dry-run", "--image", "reg.io/i", "--target", "k8s", "--gpu-type", "H1000"],
+         "--gpu-type 'H1000' is not a GPU type this tool knows: use one of H100,"),
+        (["run", "{config}", "--dry-run", "--image", "reg.io/i", "--target", "k8s", "--node-selector", "gpu"],
+         "--node-selector 'gpu' needs the form KEY=VALUE"),
+        (["run", "{config}", "--dry-run", "--image", "reg.io/i", "--target", "k8s", "--grace-period", "0"],
+         "--grace-period 0 must be at least 1 second"),
+        (["run", "{config}", "--dry-run", "--image", "reg.io/i", "--target", "k8s", "--priority-class", "High!"],
+         "--priority-class 'High!' is not a Kubernetes object name"),
     ],
 )
 def test_bad_input_is_one_line_and_non_zero(args, message, config):
@@ -100,6 +110,37 @@ def test_bad_input_is_one_line_and_non_zero(args, message, config):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("target", ["local", "docker", "k8s"])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--cpus", "-2"], "--cpus '-2' must be a number of cores above zero: use e.g. 8 or 0.5"),
+        (["--cpus", "lots"], "--cpus 'lots' is not a number of cores: use e.g. 8 or 0.5"),
+        (["--shm-size", "-5g"], "--shm-size '-5g' is not a size: use e.g. 16g (or 16Gi)"),
+        (["--shm-size", "0"], "--shm-size '0' must be more than zero: use e.g. 16g"),
+        (["--memory", "lots"], "--memory 'lots' is not a size: use e.g. 64g (or 64Gi)"),
+        (["--memory", "1k"], "--memory '1k' is below the 6m a container needs to start: use e.g. 64g"),
+        (["--nodes", "0"], "--nodes 0 must be at least 1"),
+        (["--gpus", "-1"], "--gpus '-1' is not understood: use all, a count (2)"),
+    ],
+)
+def test_bad_sizes_are_the_same_one_line_on_every_target(flags, message, target, config, tmp_path):
+    """One parser (verl_deploy.sizes) for every target: the same input, the same line, exit 2, nothing left."""
+    result = invoke("run", config, "--target", target, "--dry-run", "--image", "reg.io/verl:1", *flags,
+                    "--runs-dir", tmp_path / "runs")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().startswith(f"error: {message}") and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("target", ["docker", "k8s"])
+def test_sizes_in_either_spelling_mean_the_same_bytes(target, config, tmp_path):
+    outputs = {invoke("run", config, "--target", target, "--dry-run", "--image", "reg.io/verl:1", "--run-id", "same",
+                      "--memory", memory, "--shm-size", shm, "--runs-dir", tmp_path).stdout
+               for memory, shm in (("64g", "2g"), ("64Gi", "2Gi"), ("64G", "2048m"), ("64gb", "2GiB"))}
+    assert len(outputs) == 1, outputs
 
 
 def test_run_ids_are_dns_labels(config, tmp_path):

@@ -24,7 +24,7 @@ def test_docker_mounts_the_host_reward_file_and_points_the_trainer_at_it(tmp_pat
 
 def test_kubernetes_carries_the_reward_file_in_the_config_map(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = cli("run", _config(tmp_path), "--dry-run", "--image", "img", "--target", "k8s",
+    result = cli("run", _config(tmp_path), "--dry-run", "--image", "reg.io/img", "--target", "k8s",
                  "--runs-dir", tmp_path / "runs")
     assert result.exit_code == 0, result.output
     objects = [o for o in yaml.safe_load_all(result.output) if o]

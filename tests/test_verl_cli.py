@@ -261,7 +261,7 @@ def test_docker_dry_run_passes_verl_overrides_without_a_config(tmp_path):
 
 
 def test_k8s_dry_run_passes_the_same_overrides(tmp_path):
-    result = invoke("run", REPO / "examples" / "gsm8k-ppo.yaml", "--target", "k8s", "--dry-run", "--image", "i",
+    result = invoke("run", REPO / "examples" / "gsm8k-ppo.yaml", "--target", "k8s", "--dry-run", "--image", "reg.io/i",
                     "--run-id", "v", "--runs-dir", tmp_path, "--set", "trainer.save_freq=5",
                     "--", "trainer.total_epochs=2", "actor_rollout_ref.actor.optim.lr=2e-6")
     assert result.exit_code == 0, result.output
@@ -279,13 +279,13 @@ def test_k8s_dry_run_passes_the_same_overrides(tmp_path):
     (["--", "~trainer.seed"], "dropping a key, ~key, is for python -m verl_runtime.main_ppo"),
 ])
 def test_run_refuses_disagreeing_input_in_one_line(tmp_path, args, message):
-    result = invoke("run", "--target", "k8s", "--dry-run", "--image", "i", "--runs-dir", tmp_path, *args)
+    result = invoke("run", "--target", "k8s", "--dry-run", "--image", "reg.io/i", "--runs-dir", tmp_path, *args)
     lines = result.output.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], result.output
 
 
 def test_run_derives_nodes_and_gpus_from_verl_keys(tmp_path):
-    result = invoke("run", "--target", "k8s", "--dry-run", "--image", "i", "--run-id", "v", "--runs-dir", tmp_path,
+    result = invoke("run", "--target", "k8s", "--dry-run", "--image", "reg.io/i", "--run-id", "v", "--runs-dir", tmp_path,
                     "--", "trainer.n_gpus_per_node=2", "trainer.nnodes=2", "data.train_batch_size=8")
     assert result.exit_code == 0, result.output
     kinds = [o["kind"] for o in yaml.safe_load_all(result.stdout) if o]

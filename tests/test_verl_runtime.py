@@ -196,7 +196,7 @@ def test_docker_dry_run_of_several_nodes_starts_ray_with_the_secret_loader(tmp_p
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_k8s_dry_run_renders_a_job_or_ray_job_running_main_ppo_that_validates(tmp_path, nodes):
     result = run("--runtime", "verl", "--target", "k8s", "--gpus", "8", "--nodes", str(nodes), "--dry-run",
-                 "--run-id", "grpo", "--data", "gsm8k", "--runs-dir", str(tmp_path), "--", *EXAMPLE,
+                 "--image", f"reg.io/team/{IMAGE}", "--run-id", "grpo", "--data", "gsm8k", "--runs-dir", str(tmp_path), "--", *EXAMPLE,
                  env={"HF_TOKEN": SECRET})
     assert result.exit_code == 0, result.output
     assert SECRET not in result.output
@@ -224,13 +224,14 @@ def test_k8s_dry_run_renders_a_job_or_ray_job_running_main_ppo_that_validates(tm
         assert_hardened_pod(pod)
         assert "initContainers" not in pod  # no `fetch` in verl's image: verl downloads the model itself
         main = pod["containers"][0]
-        assert main["image"] == IMAGE and main["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert main["image"] == f"reg.io/team/{IMAGE}" and main["resources"]["limits"]["nvidia.com/gpu"] == "8"
         env = {e["name"]: e["value"] for e in main["env"]}
         assert env["HF_TOKEN_PATH"] == "/run/secrets/HF_TOKEN" and env["HF_HOME"] == "/cache/huggingface"
         assert {"name": "data", "mountPath": "/data", "readOnly": True} in main["volumeMounts"]
-        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        driver = terms["nodeSelectorTerms"][0]["matchExpressions"][1]
+        [preferred] = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        driver = preferred["preference"]["matchExpressions"][0]
         assert driver == {"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["579"]}
+        assert "requiredDuringSchedulingIgnoredDuringExecution" not in pod["affinity"]["nodeAffinity"]
 
 
 @pytest.mark.parametrize("args, message", [

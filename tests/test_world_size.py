@@ -28,7 +28,7 @@ def invoke(*args, env=None):
 
 
 def dry_run(target, *args, env=None):
-    result = invoke("run", QUICKSTART, "--target", target, "--dry-run", "--image", "verl-deploy:test",
+    result = invoke("run", QUICKSTART, "--target", target, "--dry-run", "--image", "reg.io/verl-deploy:test",
                     "--run-id", "ws", *args, env=env)
     return result
 

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from verl_runtime.errors import UserError
+from verl_runtime.errors import EXIT_USER_ERROR, UserError
 from verl_runtime.secrets import load_secret_files
 
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         except (OSError, ValueError):  # no console left to tell: train.log has it
             _discard(sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
 

@@ -4,6 +4,11 @@ The entrypoint prints ``error: <message>`` and exits 2, without a traceback (unl
 """
 
 
+# The exit code of a UserError: the same input fails the same way again, so a scheduler should not retry it
+# (the Kubernetes Job's podFailurePolicy fails the Job at once on it).
+EXIT_USER_ERROR = 2
+
+
 class UserError(Exception):
     """A one-line, user-facing error."""
 

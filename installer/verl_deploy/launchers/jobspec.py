@@ -14,8 +14,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import verl_runtime
-from verl_deploy import compat
+from verl_deploy import compat, gpu_types, sizes
 from verl_deploy.launchers import verl_command
+from verl_deploy.sizes import Gpus, parse_gpus  # noqa: F401 (one parser for every target; read from here too)
 from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR  # noqa: F401 (the launchers read them from here)
 
 RUN_ID_LABEL = "verl-deploy.run-id"
@@ -34,7 +35,17 @@ HUB_ENV = ("HF_ENDPOINT", "HF_HUB_OFFLINE")
 
 # The config of a run given no CONFIG file, only overrides (verl's way): our defaults, then the overrides.
 NO_CONFIG = Path(verl_runtime.__file__).with_name("main_ppo.yaml")
-DEFAULT_SHM = "16g"  # PyTorch data loaders and NCCL need far more than Docker's 64 MB default.
+# PyTorch data loaders and NCCL need far more than Docker's 64 MB default. On Docker /dev/shm is a tmpfs ceiling
+# that costs nothing until used; on a cluster it counts against the pod's memory, so Kubernetes sizes it from the
+# GPUs (sizes.pod_size) unless --shm-size says.
+DEFAULT_SHM = 16 * sizes.GiB
+# Seconds a trainer gets after SIGTERM to write its checkpoint before SIGKILL: `docker stop`'s timeout and a pod's
+# terminationGracePeriodSeconds (Kubernetes' own default, 30 s, is too short to save a large model).
+STOP_GRACE_S = 120
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+# A Kubernetes label: an optional DNS-subdomain prefix and '/', a name; a value is a name or empty.
+_LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
+_LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain: what a PVC or storage class is called
 
@@ -44,49 +55,23 @@ class LaunchError(Exception):
 
 
 @dataclass(frozen=True)
-class Gpus:
-    """GPUs asked for: all of them, a count, or specific devices (indices or UUIDs)."""
-
-    count: int = 0  # -1 means all
-    device_ids: tuple[str, ...] = ()
-
-    @property
-    def wanted(self) -> bool:
-        return self.count != 0 or bool(self.device_ids)
-
-    @property
-    def number(self) -> int | None:
-        """How many GPUs, when known without asking the host (None for 'all')."""
-        if self.device_ids:
-            return len(self.device_ids)
-        return None if self.count < 0 else self.count
-
-    def __str__(self) -> str:
-        if self.device_ids:
-            return "device=" + ",".join(self.device_ids)
-        return "all" if self.count < 0 else str(self.count)
-
-
-def parse_gpus(text: str | None) -> Gpus:
-    """'all' | '2' | '0,1' | 'GPU-3f9...,GPU-77a...' | None/'0'/'none' -> Gpus."""
-    text = (text or "").strip()
-    if text in ("", "0", "none"):
-        return Gpus()
-    if text == "all":
-        return Gpus(count=-1)
-    if text.isdigit():
-        return Gpus(count=int(text))
-    ids = tuple(part.strip() for part in text.removeprefix("device=").split(",") if part.strip())
-    if not ids or not all(i.isdigit() or i.startswith(("GPU-", "MIG-")) for i in ids):
-        raise LaunchError(f"--gpus {text!r} is not understood: use all, a count (2), indices (0,1) or UUIDs (GPU-...)")
-    return Gpus(device_ids=ids)
-
-
-@dataclass(frozen=True)
 class Mount:
     source: str  # a host path
     target: str  # the path in the container
     read_only: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Where and how a run's pods are scheduled on Kubernetes (the other targets do not read it)."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()  # --node-selector KEY=VALUE, as given
+    gpu_type: str | None = None  # a name of gpu_types.yaml (checked)
+    priority_class: str | None = None
+    service_account: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    image_preloaded: bool = False  # the nodes hold this engine's images (kind load, minikube image load)
+    grace_period_s: int = STOP_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -103,8 +88,8 @@ class JobSpec:
     run_dir: Path = Path("runs")  # on the host (local and Docker); Kubernetes keeps it on a PVC
     gpus: Gpus = Gpus()
     cpus: float | None = None
-    memory: str | None = None  # e.g. "32g" (Docker) / "32Gi" (Kubernetes); one spelling, translated
-    shm_size: str = DEFAULT_SHM
+    memory: int | None = None  # bytes (sizes.parse_memory); None: the target's default
+    shm_size: int | None = None  # bytes; None: the target's default (DEFAULT_SHM, or sized from the GPUs)
     ipc_host: bool = False
     nodes: int = 1
     world_size: int | None = None  # trainer workers, one per GPU: --gpus x --nodes (None: the runtime decides)
@@ -115,7 +100,7 @@ class JobSpec:
     # Kubernetes: PersistentVolumeClaims for the data (read-only at /data) and the Hugging Face cache (None: the
     # namespace's shared one, which the launcher creates), and the storage class of the claims it creates.
     data_claim: str | None = None
-    data_size: str | None = None  # set: the launcher creates the data claim with this size (else it must exist)
+    data_size: int | None = None  # bytes; set: the launcher creates the data claim with this size (else it must exist)
     cache_claim: str | None = None
     storage_class: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -123,6 +108,7 @@ class JobSpec:
     labels: dict[str, str] = field(default_factory=dict)
     namespace: str = "default"
     user: str = "1000:1000"
+    cluster: ClusterOptions = ClusterOptions()
 
     def record(self) -> dict:
         """What launch.json keeps of the spec, so that `--resume` starts the run again as it was (secrets by
@@ -283,11 +269,23 @@ def world_of(path: Path | None, overrides: tuple[str, ...], gpus: str | None, no
     return derive_world(load_checked(path, overrides, warn).trainer, gpus, nodes)
 
 
+def gpus_of(text: str | None) -> Gpus:
+    """--gpus parsed (sizes.parse_gpus), its mistake as a LaunchError."""
+    try:
+        return parse_gpus(text)
+    except sizes.SizeError as exc:
+        raise LaunchError(str(exc)) from None
+
+
 def derive_world(trainer, gpus: str | None, nodes: int | None) -> tuple[str | None, int]:
     """--gpus and --nodes, derived from verl's trainer.n_gpus_per_node and trainer.nnodes when not given (GPUs only
     where trainer.device is not cpu); LaunchError (one line) where the flags and the config disagree."""
     per_node, config_nodes = trainer.n_gpus_per_node, trainer.nnodes
-    asked = parse_gpus(gpus)
+    asked = gpus_of(gpus)
+    try:
+        sizes.parse_nodes(nodes)
+    except sizes.SizeError as exc:
+        raise LaunchError(str(exc)) from None
     if per_node is not None and asked.number is not None and asked.wanted and asked.number != per_node:
         raise LaunchError(f"trainer.n_gpus_per_node={per_node} but --gpus {asked} gives {asked.number} per node: drop "
                           "one of them or make them equal")
@@ -308,7 +306,7 @@ def verl_world(overrides, gpus: str | None, nodes: int | None) -> tuple[str, int
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     gpus, nodes = derive_world(trainer, gpus, nodes)
-    if parse_gpus(gpus).number is None or not parse_gpus(gpus).wanted:
+    if gpus_of(gpus).number is None or not gpus_of(gpus).wanted:
         raise LaunchError(f"upstream verl trains on GPUs and needs their count per node: pass --gpus N (or "
                           f"{verl_command.GPUS_KEY}=N){'; --gpus all is not a count' if gpus == 'all' else ''}")
     return gpus, nodes
@@ -336,6 +334,35 @@ def check_config(config, gpus: Gpus, nodes: int):
     return config
 
 
+def cluster_options(node_selector=(), gpu_type: str | None = None, priority_class: str | None = None,
+                    service_account: str | None = None, image_pull_secrets=(), image_preloaded: bool = False,
+                    grace_period_s: int | None = None) -> ClusterOptions:
+    """The Kubernetes scheduling flags, checked (LaunchError, one line, for a malformed one)."""
+    pairs = []
+    for item in node_selector:
+        key, sep, value = item.partition("=")
+        if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+            raise LaunchError(f"--node-selector {item!r} needs the form KEY=VALUE with a Kubernetes label key and "
+                              "value, e.g. cloud.google.com/gke-accelerator=nvidia-h100-80gb")
+        pairs.append((key, value))
+    for option, names in (("--priority-class", [priority_class]), ("--service-account", [service_account]),
+                          ("--image-pull-secret", list(image_pull_secrets))):
+        for name in names:
+            if name is not None and (len(name) > 253 or not _DNS_NAME.match(name)):
+                raise LaunchError(f"{option} {name!r} is not a Kubernetes object name (lower-case letters, digits, "
+                                  "'-' and '.')")
+    if grace_period_s is not None and grace_period_s < 1:
+        raise LaunchError(f"--grace-period {grace_period_s} must be at least 1 second (the default, {STOP_GRACE_S}, "
+                          "leaves time for a checkpoint)")
+    try:
+        gpu = gpu_types.lookup(gpu_type).name if gpu_type else None
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    return ClusterOptions(node_selector=tuple(pairs), gpu_type=gpu, priority_class=priority_class,
+                          service_account=service_account, image_pull_secrets=tuple(image_pull_secrets),
+                          image_preloaded=image_preloaded, grace_period_s=grace_period_s or STOP_GRACE_S)
+
+
 def host_reward_file(function: str | None) -> tuple[Path | None, str]:
     """The host file of reward.function ("path/to/file.py[:name]") when it is one, and the function's name: a
     container sees it only if it is mounted (the launchers put it beside the config, at container_reward_file)."""
@@ -357,27 +384,34 @@ def build_spec(
     run_id: str | None = None,
     overrides: tuple[str, ...] = (),
     gpus: str | None = None,
-    cpus: float | None = None,
-    memory: str | None = None,
-    shm_size: str = DEFAULT_SHM,
+    cpus: float | str | None = None,
+    memory: str | int | None = None,
+    shm_size: str | int | None = None,
     ipc_host: bool = False,
     nodes: int | None = 1,
     hf_cache: Path | None = None,
     data_dir: Path | None = None,
     data_claim: str | None = None,
-    data_size: str | None = None,
+    data_size: str | int | None = None,
     cache_claim: str | None = None,
     storage_class: str | None = None,
     env: dict[str, str] | None = None,
     namespace: str = "default",
     environ: dict[str, str] | None = None,
     runtime: str = compat.DEFAULT_RUNTIME,
+    cluster: ClusterOptions | None = None,
 ) -> JobSpec:
     """Check the user's input and assemble the spec; no side effects. No config: our defaults and the overrides
     (verl's way: NO_CONFIG). Overrides are `key=value` (verl's `+key=value` too); --gpus/--nodes not given come
     from verl's trainer.n_gpus_per_node/trainer.nnodes (world_of)."""
-    if nodes is not None and nodes < 1:
-        raise LaunchError("--nodes must be at least 1")
+    gpus_of(gpus)
+    try:  # the same one-line errors on every target: the values are parsed once, here
+        nodes = sizes.parse_nodes(nodes)
+        cpus, memory = sizes.parse_cpus(cpus), sizes.parse_memory(memory)
+        shm_size = None if ipc_host else sizes.parse_size("--shm-size", shm_size, "16g")
+        data_size = sizes.parse_size("--data-size", data_size, "100g")
+    except sizes.SizeError as exc:
+        raise LaunchError(str(exc)) from None
     if runtime != compat.DEFAULT_RUNTIME:
         if config is not None:
             raise LaunchError(f"--runtime {runtime} takes no CONFIG file: verl's config is its overrides, "
@@ -393,8 +427,8 @@ def build_spec(
         overrides = check_overrides(overrides)
         loaded = load_checked(config_path, overrides)  # its warnings (verl keys without effect here) shown once
         gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
-        checked = check_config(loaded, parse_gpus(gpus), nodes)
-        world_size = checked.trainer.n_workers if parse_gpus(gpus).number else None
+        checked = check_config(loaded, gpus_of(gpus), nodes)
+        world_size = checked.trainer.n_workers if gpus_of(gpus).number else None
         reward_file, reward_name = host_reward_file(checked.reward.function)
     if data_dir is not None and not Path(data_dir).is_dir():
         raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
@@ -417,7 +451,7 @@ def build_spec(
         runtime=runtime,
         overrides=tuple(overrides),
         run_dir=(Path(runs_root) / run_id).resolve(),
-        gpus=parse_gpus(gpus),
+        gpus=gpus_of(gpus),
         cpus=cpus,
         memory=memory,
         shm_size=shm_size,
@@ -437,4 +471,5 @@ def build_spec(
         labels={RUN_ID_LABEL: run_id, MANAGED_LABEL: "true"},
         namespace=check_namespace(namespace),
         user=host_user(),
+        cluster=cluster or ClusterOptions(),
     )
