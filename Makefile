@@ -15,7 +15,16 @@ $(BIN)/.installed-test: $(SETUP_FILES)
 	bash installer/install.sh --venv $(VENV) --extras $(TEST_EXTRAS) --no-doctor
 	touch $@ $(BIN)/.installed-runtime
 
-setup: $(BIN)/.installed-test
+# checkov, the Kubernetes policy scanner of tests/test_k8s_policy.py, in a venv of its own: its pins (packaging<24,
+# networkx<2.7, ...) do not fit ray's and pytest's. Its version is pinned in installer/constraints.txt.
+CHECKOV := $(VENV)/tools/checkov/bin/checkov
+
+$(CHECKOV): installer/constraints.txt | $(BIN)/.installed-test
+	$(BIN)/python -m venv --clear $(VENV)/tools/checkov
+	$(VENV)/tools/checkov/bin/python -m pip install -q --disable-pip-version-check -c installer/constraints.txt checkov
+	touch $@
+
+setup: $(BIN)/.installed-test $(CHECKOV)
 
 quickstart: $(BIN)/.installed-runtime
 	-$(BIN)/verl-deploy doctor
