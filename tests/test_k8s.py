@@ -1,21 +1,21 @@
 """Kubernetes: the launcher's manifests and the k8s/ kustomize tree are one source, valid against the official
 schemas (and KubeRay's RayJob CRD); the apply/status/log code works with the kubernetes client's own models.
 
-No Kubernetes API server runs here: apply and the namespace check are exercised against a small local HTTP
-endpoint that records what the real kubernetes client sends; nothing is checked against a live cluster.
+No Kubernetes API server runs here: apply, the namespace check and listing are exercised against a local HTTP
+endpoint (tests/k8s_api.py) that answers the real kubernetes client from recorded API answers and records what it
+sends; nothing is checked against a live cluster.
 """
 
 import json
 import shutil
 import subprocess
-import threading
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import jsonschema
 import pytest
 import yaml
 from conftest import FIXTURES, REPO, require
+from k8s_api import ApiServer, recorded
 from typer.testing import CliRunner
 
 from verl_deploy.cli import app
@@ -84,7 +84,7 @@ def test_dry_run_yaml_validates_and_keeps_secrets_out(flags, tmp_path):
     assert result.exit_code == 0, result.output
     assert SECRET not in result.output and "kubectl create secret generic verl-deploy-secrets" in result.output
     objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    assert [o["kind"] for o in objects][:2] == ["ConfigMap", "PersistentVolumeClaim"]
+    assert [o["kind"] for o in objects][:3] == ["ConfigMap", "NetworkPolicy", "PersistentVolumeClaim"]
     for obj in objects:
         validate(obj)
     workload = objects[-1]
@@ -99,14 +99,14 @@ def test_dry_run_yaml_validates_and_keeps_secrets_out(flags, tmp_path):
         spec = pod["spec"]
         assert_hardened_pod(spec)
         main = spec["containers"][0]
-        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in spec["volumes"]
-        if "--gpus" in flags:
-            gpus = int(flags[flags.index("--gpus") + 1])
+        gpus = int(flags[flags.index("--gpus") + 1]) if "--gpus" in flags else 0
+        shm = {0: "1Gi", 1: "2Gi", 8: "16Gi"}[gpus]  # sized from the GPUs (test_k8s_scheduling has the rest)
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}} in spec["volumes"]
+        if gpus:
             assert main["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
             assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"
-            terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-            keys = [e["key"] for e in terms["nodeSelectorTerms"][0]["matchExpressions"]]
-            assert keys == ["nvidia.com/gpu.present", "nvidia.com/cuda.driver.major"]
+            affinity = spec["affinity"]["nodeAffinity"]  # nothing required that only GPU Feature Discovery labels
+            assert list(affinity) == ["preferredDuringSchedulingIgnoredDuringExecution"]
         else:
             assert "nvidia.com/gpu" not in main["resources"]["limits"] and "tolerations" not in spec
     if workload["kind"] == "Job":
@@ -162,7 +162,7 @@ def test_the_suggested_create_secret_command_keeps_the_value_off_the_command_lin
     config = tmp_path / "c.yaml"
     config.write_text("model:\n  path: builtin:tiny\n")
     env = {"HF_TOKEN": SECRET, "WANDB_API_KEY": SECRET + "-w"}
-    result = CliRunner().invoke(app, ["run", str(config), "--target", "k8s", "--dry-run", "--image", "img:1",
+    result = CliRunner().invoke(app, ["run", str(config), "--target", "k8s", "--dry-run", "--image", "reg.io/img:1",
                                       "--namespace", "team-a"], env=env)
     assert result.exit_code == 0, result.output
     [line] = [line for line in result.stdout.splitlines() if "kubectl create secret" in line]
@@ -206,144 +206,127 @@ def test_newest_pod_of_a_retried_job():
     assert newest_pod(pods).metadata.name == "p2"
 
 
-class FakeApiServer(BaseHTTPRequestHandler):
-    """Records the requests the kubernetes client makes; namespace 'missing' does not exist."""
-
-    requests: list = []
-
-    def _reply(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):  # noqa: N802 (http.server's naming)
-        if self.path.startswith("/api/v1/namespaces/missing"):
-            self._reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
-        else:
-            self._reply(200, {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": self.path.rsplit("/", 1)[-1]}})
-
-    def do_PATCH(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        FakeApiServer.requests.append((self.path, self.headers["Content-Type"], body))
-        self._reply(200, body)
-
-    def log_message(self, *args):
-        pass
+NAMESPACE = {("GET", "/api/v1/namespaces/team-a"): "namespace-team-a.json"}
+IMAGE = "registry.local/verl:1"  # the nodes pull from a registry
 
 
-@pytest.fixture
-def api_client():
-    from kubernetes import client
-
-    server = HTTPServer(("127.0.0.1", 0), FakeApiServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    configuration = client.Configuration()
-    configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
-    FakeApiServer.requests = []
-    yield client.ApiClient(configuration)
-    server.shutdown()
-
-
-def test_launch_server_side_applies_secret_config_volume_and_job(api_client, tmp_path, monkeypatch):
+def test_launch_server_side_applies_secret_config_volume_and_job(tmp_path, monkeypatch):
+    """Each object by server-side apply, then the ConfigMap is given the Job the server made as its owner (the uid
+    from the server's answer), so that it goes when the Job's TTL deletes the Job; the run claim has no owner."""
     config = tmp_path / "c.yaml"
     config.write_text("model:\n  path: builtin:tiny\n")
     monkeypatch.setenv("HF_TOKEN", SECRET)
-    spec = build_spec(config, image="img:1", runs_root=tmp_path, run_id="r1", gpus="1", namespace="team-a")
-    launcher = K8sLauncher(tmp_path, "team-a", cluster=Cluster(api_client))
-    assert launcher.launch(spec, detach=True) == 0
-    paths = [path.split("?")[0] for path, _, _ in FakeApiServer.requests]
-    assert paths == [
-        "/api/v1/namespaces/team-a/secrets/verl-deploy-secrets",
-        "/api/v1/namespaces/team-a/configmaps/r1-config",
-        "/api/v1/namespaces/team-a/persistentvolumeclaims/r1-runs",
-        "/api/v1/namespaces/team-a/persistentvolumeclaims/verl-deploy-hf-cache",
-        "/apis/batch/v1/namespaces/team-a/jobs/r1",
+    spec = build_spec(config, image=IMAGE, runs_root=tmp_path, run_id="r1", gpus="1", namespace="team-a")
+    answers = {**NAMESPACE, ("PATCH", "/apis/batch/v1/namespaces/team-a/jobs/r1"): "job-r1-applied.json"}
+    with ApiServer(answers) as api:
+        assert K8sLauncher(tmp_path, "team-a", cluster=Cluster(api.client())).launch(spec, detach=True) == 0
+    assert api.calls() == [
+        ("GET", "/api/v1/namespaces/team-a"),
+        ("PATCH", "/api/v1/namespaces/team-a/secrets/verl-deploy-secrets"),
+        ("PATCH", "/api/v1/namespaces/team-a/configmaps/r1-config"),
+        ("PATCH", "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/r1-ingress"),
+        ("PATCH", "/api/v1/namespaces/team-a/persistentvolumeclaims/r1-runs"),
+        ("PATCH", "/api/v1/namespaces/team-a/persistentvolumeclaims/r1-hf-cache"),
+        ("PATCH", "/apis/batch/v1/namespaces/team-a/jobs/r1"),
+        ("PATCH", "/api/v1/namespaces/team-a/configmaps/r1-config"),
+        ("PATCH", "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/r1-ingress"),
     ]
-    for path, content_type, _ in FakeApiServer.requests:
-        assert content_type == "application/apply-patch+yaml"
-        assert "fieldManager=verl-deploy" in path and "force=true" in path.lower()
-    secret_body = FakeApiServer.requests[0][2]
-    assert secret_body["stringData"] == {"HF_TOKEN": SECRET}
-    assert all(SECRET not in json.dumps(body) for _, _, body in FakeApiServer.requests[1:])
-    assert "secretKeyRef" not in json.dumps(FakeApiServer.requests[-1][2])  # the Job reads it as a file
+    applies, owners = api.requests[1:-2], api.requests[-2:]
+    for request in applies:
+        assert request.content_type == "application/apply-patch+yaml"
+        assert request.query == {"fieldManager": "verl-deploy", "force": "true"}
+    job_uid = recorded("job-r1-applied.json")["metadata"]["uid"]
+    for owner in owners:
+        assert owner.content_type == "application/merge-patch+json" and owner.query == {"fieldManager": "verl-deploy"}
+        assert owner.body == {"metadata": {"ownerReferences": [{
+            "apiVersion": "batch/v1", "kind": "Job", "name": "r1", "uid": job_uid,
+            "controller": False, "blockOwnerDeletion": False}]}}
+    assert "ownerReferences" not in json.dumps([r.body for r in applies])  # the claims outlive the Job
+    assert applies[0].body["stringData"] == {"HF_TOKEN": SECRET}
+    assert all(SECRET not in json.dumps(r.body) for r in api.requests[2:])
+    assert "secretKeyRef" not in json.dumps(applies[-1].body)  # the Job reads it as a file
     assert SECRET not in (tmp_path / "r1" / "launch.json").read_text()
 
 
-def test_missing_namespace_is_one_line_and_applies_nothing(api_client, tmp_path):
+def test_a_ray_job_owns_its_config_map_and_network_policy(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  path: builtin:tiny\ndata:\n  batch_size: 16\n")
+    spec = build_spec(config, image=IMAGE, runs_root=tmp_path, run_id="r2", gpus="8", nodes=2, namespace="team-a",
+                      environ={})
+    answers = {**NAMESPACE, ("PATCH", "/apis/ray.io/v1/namespaces/team-a/rayjobs/r2"): "rayjob-r2-applied.json"}
+    with ApiServer(answers) as api:
+        K8sLauncher(tmp_path, "team-a", cluster=Cluster(api.client())).launch(spec, detach=True)
+    owners = api.requests[-2:]
+    assert [(r.method, r.path) for r in owners] == [
+        ("PATCH", "/api/v1/namespaces/team-a/configmaps/r2-config"),
+        ("PATCH", "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/r2-ingress"),
+    ]
+    for owner in owners:
+        assert owner.body["metadata"]["ownerReferences"] == [{
+            "apiVersion": "ray.io/v1", "kind": "RayJob", "name": "r2",
+            "uid": recorded("rayjob-r2-applied.json")["metadata"]["uid"],
+            "controller": False, "blockOwnerDeletion": False}]
+
+
+def test_missing_namespace_is_one_line_and_applies_nothing(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("model:\n  path: builtin:tiny\n")
-    spec = build_spec(config, image="img:1", runs_root=tmp_path, run_id="r1", namespace="missing", environ={})
-    with pytest.raises(LaunchError, match="namespace 'missing' does not exist: `kubectl create namespace missing`"):
-        K8sLauncher(tmp_path, "missing", cluster=Cluster(api_client)).launch(spec, detach=True)
-    assert FakeApiServer.requests == []
+    spec = build_spec(config, image=IMAGE, runs_root=tmp_path, run_id="r1", namespace="missing", environ={})
+    with ApiServer() as api, pytest.raises(
+        LaunchError, match="namespace 'missing' does not exist: `kubectl create namespace missing`"
+    ):
+        K8sLauncher(tmp_path, "missing", cluster=Cluster(api.client())).launch(spec, detach=True)
+    assert api.calls() == [("GET", "/api/v1/namespaces/missing")]
 
 
-class ListingApiServer(FakeApiServer):
-    """Answers the two list calls of `runs --target k8s`: one batch Job and one RayJob (404 for RayJobs when the
-    class attribute says KubeRay is not installed)."""
-
-    kuberay = True
-
-    def do_GET(self):  # noqa: N802
-        path = self.path.split("?")[0]
-        labels = lambda run: {"verl-deploy.managed": "true", "verl-deploy.run-id": run}  # noqa: E731
-        if path == "/apis/batch/v1/namespaces/team-a/jobs":
-            job = {"metadata": {"name": "one", "labels": labels("one")},
-                   "spec": {"template": {"spec": {"containers": [{"name": "trainer", "image": "img:job"}]}}},
-                   "status": {"active": 1}}
-            self._reply(200, {"kind": "JobList", "apiVersion": "batch/v1", "metadata": {}, "items": [job]})
-        elif path == "/apis/ray.io/v1/namespaces/team-a/rayjobs" and ListingApiServer.kuberay:
-            head = {"template": {"spec": {"containers": [{"name": "ray-head", "image": "img:ray"}]}}}
-            rayjob = {"metadata": {"name": "many", "labels": labels("many")},
-                      "spec": {"rayClusterSpec": {"headGroupSpec": head}},
-                      "status": {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}}
-            self._reply(200, {"kind": "RayJobList", "apiVersion": "ray.io/v1", "items": [rayjob]})
-        else:
-            self._reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
-
+def listing(kuberay: bool) -> dict:
+    """`runs --target k8s`: one batch Job and one RayJob (KubeRay's CRD not installed: its path is a 404)."""
+    labels = lambda run: {"verl-deploy.managed": "true", "verl-deploy.run-id": run}  # noqa: E731
+    job = {"metadata": {"name": "one", "labels": labels("one")},
+           "spec": {"template": {"spec": {"containers": [{"name": "trainer", "image": "img:job"}]}}},
+           "status": {"active": 1}}
+    head = {"template": {"spec": {"containers": [{"name": "ray-head", "image": "img:ray"}]}}}
+    rayjob = {"metadata": {"name": "many", "labels": labels("many")},
+              "spec": {"rayClusterSpec": {"headGroupSpec": head}},
+              "status": {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}}
+    answers = {("GET", "/apis/batch/v1/namespaces/team-a/jobs"):
+               (200, {"kind": "JobList", "apiVersion": "batch/v1", "metadata": {}, "items": [job]})}
+    if kuberay:
+        answers[("GET", "/apis/ray.io/v1/namespaces/team-a/rayjobs")] = (
+            200, {"kind": "RayJobList", "apiVersion": "ray.io/v1", "items": [rayjob]})
+    return answers
 
 
 @pytest.mark.parametrize("kuberay", [True, False])
 def test_runs_lists_ray_jobs_beside_batch_jobs(tmp_path, kuberay):
-    from kubernetes import client
-
-    ListingApiServer.kuberay = kuberay
-    server = HTTPServer(("127.0.0.1", 0), ListingApiServer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        configuration = client.Configuration()
-        configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
-        found = K8sLauncher(tmp_path, "team-a", cluster=Cluster(client.ApiClient(configuration))).list()
-    finally:
-        server.shutdown()
+    with ApiServer(listing(kuberay)) as api:
+        found = K8sLauncher(tmp_path, "team-a", cluster=Cluster(api.client())).list()
     listed = [(r.run_id, r.state, r.image) for r in found]
     expected = [("one", "running", "img:job")] + ([("many", "running", "img:ray")] if kuberay else [])
     assert listed == expected
 
 
 def k8s_dry_run(config, *flags):
-    result = CliRunner().invoke(app, ["run", str(config), "--target", "k8s", "--dry-run", "--image", "img:1", *flags])
+    result = CliRunner().invoke(app, ["run", str(config), "--target", "k8s", "--dry-run", "--image", "reg.io/img:1",
+                                      *flags])
     return result, [doc for doc in yaml.safe_load_all(result.stdout) if doc] if result.exit_code == 0 else []
 
 
 def test_the_readme_gsm8k_job_finds_its_files_on_the_data_claim():
     """`--data gsm8k` names a claim holding gsm8k/ and models/: mounted read-only at /data, where the example's
-    paths point; the models go through the shared cache claim, filled once by the init container."""
+    paths point; the models go through the run's cache claim, filled once by the init container."""
     config = REPO / "examples" / "gsm8k-grpo.yaml"
     result, objects = k8s_dry_run(config, "--gpus", "8", "--data", "gsm8k", "--run-id", "gsm8k")
     assert result.exit_code == 0, result.output
     for obj in objects:
         validate(obj)
     claims = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PersistentVolumeClaim"}
-    assert set(claims) == {"gsm8k-runs", "verl-deploy-hf-cache"}
-    assert "verl-deploy.run-id" not in claims["verl-deploy-hf-cache"]["metadata"]["labels"]  # shared: outlives runs
+    assert set(claims) == {"gsm8k-runs", "gsm8k-hf-cache"}
+    assert claims["gsm8k-hf-cache"]["metadata"]["labels"]["verl-deploy.run-id"] == "gsm8k"  # the run's: `runs rm`
     pod = next(o for o in objects if o["kind"] == "Job")["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "gsm8k", "readOnly": True}
-    assert volumes["cache"]["persistentVolumeClaim"] == {"claimName": "verl-deploy-hf-cache"}
+    assert volumes["cache"]["persistentVolumeClaim"] == {"claimName": "gsm8k-hf-cache"}
     trainer = pod["containers"][0]
     assert {"name": "data", "mountPath": "/data", "readOnly": True} in trainer["volumeMounts"]
     paths = yaml.safe_load(config.read_text())
@@ -370,8 +353,9 @@ def test_named_claims_and_a_storage_class_and_several_nodes(tmp_path):
     assert "initContainers" not in worker
     for pod in (head, worker):
         assert {"name": "cache", "persistentVolumeClaim": {"claimName": "team-cache"}} in pod["volumes"]
-    default = k8s_dry_run(config, "--gpus", "8", "--nodes", "2")[1]
-    assert [o["metadata"]["name"] for o in default if o["kind"] == "PersistentVolumeClaim"][1] == "verl-deploy-hf-cache-rwx"
+    default = k8s_dry_run(config, "--gpus", "8", "--nodes", "2", "--run-id", "two")[1]
+    cache = [o for o in default if o["kind"] == "PersistentVolumeClaim"][1]
+    assert cache["metadata"]["name"] == "two-hf-cache" and cache["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
 def test_a_host_folder_for_data_on_kubernetes_is_one_line(tmp_path):

@@ -89,9 +89,9 @@ def run(
     variant: str = typer.Option(None, "--variant", help="Image variant (docker/variants.yaml) (default: cpu, or doctor's choice with --gpus)."),
     overrides: list[str] = typer.Option([], "--set", help="Config override key=value (repeatable)."),
     env: list[str] = typer.Option([], "--env", "-e", help="Extra environment KEY=VALUE (repeatable; not for secrets)."),
-    cpus: float = typer.Option(None, "--cpus", help="CPU limit (Docker) / request (Kubernetes)."),
-    memory: str = typer.Option(None, "--memory", help="Memory limit, e.g. 64g."),
-    shm_size: str = typer.Option("16g", "--shm-size", help="Shared memory for PyTorch workers and NCCL."),
+    cpus: str = typer.Option(None, "--cpus", help="CPU limit (Docker) / request (Kubernetes) (default on k8s: 4 per GPU)."),
+    memory: str = typer.Option(None, "--memory", help="Memory limit, e.g. 64g or 64Gi (default on k8s: 32g per GPU, plus --shm-size)."),
+    shm_size: str = typer.Option(None, "--shm-size", help="Shared memory for PyTorch workers and NCCL (default: 16g; on k8s 2g per GPU, at most 16g, inside the memory limit)."),
     ipc_host: bool = typer.Option(False, "--ipc-host", help="Share the host's IPC namespace instead of --shm-size (Docker)."),
     nodes: int = typer.Option(None, "--nodes", help="Nodes; more than one runs a Ray cluster (Kubernetes: a RayJob) (default: 1)."),
     data: str = typer.Option(None, "--data", help="Data mounted read-only at /data: a host directory; on k8s a PersistentVolumeClaim's name."),
@@ -99,6 +99,13 @@ def run(
     data_size: str = typer.Option(None, "--data-size", help="k8s: create the --data claim (default name: <run>-data) with this size, e.g. 100Gi."),
     storage_class: str = typer.Option(None, "--storage-class", help="k8s: the storage class of the claims the launcher creates (default: the cluster's)."),
     namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
+    node_selector: list[str] = typer.Option([], "--node-selector", help="k8s: schedule only on nodes with this label KEY=VALUE (repeatable)."),
+    gpu_type: str = typer.Option(None, "--gpu-type", help="k8s: the GPU model, e.g. H100, A100-80GB, L4 (matched to the labels clusters carry: GFD's, GKE's, the instance type)."),
+    priority_class: str = typer.Option(None, "--priority-class", help="k8s: the pods' PriorityClass."),
+    service_account: str = typer.Option(None, "--service-account", help="k8s: the pods' ServiceAccount (its token is not mounted)."),
+    image_pull_secret: list[str] = typer.Option([], "--image-pull-secret", help="k8s: a Secret holding the registry's credentials (repeatable)."),
+    image_preloaded: bool = typer.Option(False, "--image-preloaded", help="k8s: the nodes hold this engine's images (kind load, minikube image load): run a local tag without a registry."),
+    grace_period: int = typer.Option(None, "--grace-period", help="k8s: seconds a stopped or evicted trainer gets to checkpoint before it is killed (default: 120)."),
     run_id: str = typer.Option(None, "--run-id", help="Name of the run (default: <config>-<time>-<random>)."),
     resume: str = typer.Option(None, "--resume", help="Continue run RUN_ID from its last valid checkpoint, with its recorded config, --set values, target, GPUs and image (flags given now change them, and are shown)."),
     runs_dir: Path = _RUNS_DIR_OPTION,
@@ -112,7 +119,7 @@ def run(
 
     from verl_deploy import runs
     from verl_deploy.launchers import LaunchError, cluster_variant, default_image, ensure_default_image, get_launcher
-    from verl_deploy.launchers.jobspec import build_spec, parse_env, parse_gpus, verl_world, world_of
+    from verl_deploy.launchers.jobspec import build_spec, cluster_options, parse_env, parse_gpus, verl_world, world_of
 
     root = runs_dir or runs.default_runs_root()
     try:
@@ -141,6 +148,8 @@ def run(
         else:
             gpus, nodes = verl_world(overrides, gpus, nodes)
         extra_env = parse_env(env)
+        cluster = cluster_options(node_selector, gpu_type, priority_class, service_account, image_pull_secret,
+                                  image_preloaded, grace_period)
         wanted_gpus = parse_gpus(gpus).wanted
         variant = variant or ("auto" if wanted_gpus else "cpu")
         if variant == "auto" and target == "k8s":
@@ -160,12 +169,10 @@ def run(
             runs_root=root, run_id=resume or run_id, overrides=tuple(overrides),
             gpus=gpus, cpus=cpus, memory=memory, shm_size=shm_size, ipc_host=ipc_host, nodes=nodes,
             **volumes, storage_class=storage_class, env=extra_env, namespace=namespace, runtime=runtime,
+            cluster=cluster,
         )
         launcher = get_launcher(target, root, namespace)
         if build_image:  # only once the config and flags are known to be good: a build takes minutes
-            from verl_deploy.launchers.docker import check_sizes
-
-            check_sizes(spec)
             spec = dataclasses.replace(spec, image=ensure_default_image(variant, runtime))
         if spec.upstream:
             _check_with_verl(spec)
@@ -245,7 +252,7 @@ def status(
     from verl_deploy.launchers import LaunchError
 
     if run_id is None:
-        runs_(target=target, namespace=namespace, runs_dir=runs_dir, json_output=json_output)
+        _list_runs(target, namespace, runs_dir, json_output)
         return
     try:
         found = _launcher(target, run_id, runs_dir, namespace).status(run_id)
@@ -305,14 +312,26 @@ def stop(
     typer.echo(said or f"stopped {run_id}")
 
 
-@app.command("runs")
+# `runs` lists; `runs rm RUN` removes. A sub-app whose callback lists when no command follows keeps `verl-deploy runs
+# [--target ...]` as it was.
+runs_app = typer.Typer(help="List runs; `runs rm RUN` removes one.")
+app.add_typer(runs_app, name="runs")
+
+
+@runs_app.callback(invoke_without_command=True)
 def runs_(
+    ctx: typer.Context,
     target: str = typer.Option(None, "--target", "-t", help="Only this target (default: local and docker)."),
     namespace: str = typer.Option(None, "--namespace", "-n"),
     runs_dir: Path = _RUNS_DIR_OPTION,
     json_output: bool = typer.Option(False, "--json", help="Print as JSON."),
 ) -> None:
-    """List runs (found by the verl-deploy.run-id label, and in the runs directory)."""
+    """List runs (found by the verl-deploy.run-id label, and in the runs directory); `runs rm RUN` removes one."""
+    if ctx.invoked_subcommand is None:
+        _list_runs(target, namespace, runs_dir, json_output)
+
+
+def _list_runs(target: str | None, namespace: str | None, runs_dir: Path | None, json_output: bool) -> None:
     import json
 
     from verl_deploy.launchers import LaunchError
@@ -334,10 +353,52 @@ def runs_(
         typer.echo("no runs")
 
 
-# --- images: build, pull, list the variants of docker/variants.yaml ---------------------------------------------
+def _interactive() -> bool:
+    import sys
+
+    return sys.stdin.isatty()
+
+
+@runs_app.command("rm")
+def runs_rm(
+    run_id: str = typer.Argument(..., help="The run."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Remove without asking."),
+    target: str = typer.Option(None, "--target", "-t", help="local | docker | k8s (default: as recorded)."),
+    namespace: str = typer.Option(None, "--namespace", "-n"),
+    runs_dir: Path = _RUNS_DIR_OPTION,
+) -> None:
+    """Remove a run: its run directory; on Docker the containers and network it left; on Kubernetes its Job or
+    RayJob, ConfigMap and run claim (<run>-runs: its checkpoints). The shared cache claim and --data claims stay.
+    A local or Docker run that still runs is refused: `stop` it first."""
+    from verl_deploy.launchers import LaunchError
+
+    if not yes and not _interactive():  # nobody to ask: never remove checkpoints unasked
+        raise _launch_error(LaunchError(f"`runs rm {run_id}` asks before it removes anything, and there is no "
+                                        "terminal to ask on: pass --yes"))
+
+    def confirm(items: list[str]) -> None:
+        if yes:
+            return
+        typer.echo(f"removing run {run_id} removes:")
+        for item in items:
+            typer.echo(f"  {item}")
+        if not typer.confirm("remove them?", default=False):
+            typer.echo("nothing removed", err=True)
+            raise typer.Exit(1)
+
+    try:
+        removed = _launcher(target, run_id, runs_dir, namespace).remove(run_id, confirm=confirm)
+    except LaunchError as exc:
+        raise _launch_error(exc) from None
+    except OSError as exc:
+        raise _launch_error(LaunchError(f"cannot remove {exc.filename or run_id}: {exc.strerror}")) from None
+    typer.echo(f"removed run {run_id}: {', '.join(removed)}")
+
+
+# --- images: build, pull, push, list the variants of docker/variants.yaml ---------------------------------------
 
 images_app = typer.Typer(
-    help="Build, pull and list the runtime images (variants: docker/variants.yaml).", no_args_is_help=True
+    help="Build, pull, push and list the runtime images (variants: docker/variants.yaml).", no_args_is_help=True
 )
 app.add_typer(images_app, name="images")
 _VARIANT_OPTION = typer.Option("auto", "--variant", help="A variant of docker/variants.yaml (`images list` shows them) or auto: what this host runs best.")
@@ -348,6 +409,13 @@ _RUNTIME_OPTION = typer.Option(DEFAULT_RUNTIME, "--runtime", help="What trains i
 def _image_error(exc: Exception) -> typer.Exit:
     typer.echo(f"error: {exc}", err=True)
     return typer.Exit(1)
+
+
+def _print_pushed(console, ref: str, runtime: str) -> None:
+    """The pushed reference (pinned to its digest) and how a cluster runs it: a node pulls it by that digest."""
+    flags = "" if runtime == DEFAULT_RUNTIME else f" --runtime {runtime}"
+    console.print(f"pushed {ref}", markup=False)  # an IPv6 registry's [::1] is no markup
+    console.print(f"run it on Kubernetes: verl-deploy run CONFIG --target k8s{flags} --image {ref}", markup=False)
 
 
 @images_app.command("build")
@@ -371,7 +439,7 @@ def images_build(
 
     from verl_deploy import images
     from verl_deploy.images.build import build
-    from verl_deploy.images.registry import push as push_image
+    from verl_deploy.images.registry import digest_in, push as push_image
 
     console = Console(highlight=False, soft_wrap=True)
     try:
@@ -385,7 +453,10 @@ def images_build(
         built = build(opts, console)
         console.print(f"built {built.tag} ({built.size / 1e9:.2f} GB, {built.seconds:.0f} s)")
         if push:
-            console.print(push_image(built.tag, console))
+            line = push_image(built.tag, console)
+            console.print(line)
+            if digest := digest_in(line):
+                _print_pushed(console, f"{built.tag}@{digest}", runtime)
     except images.ImageError as exc:
         raise _image_error(exc) from None
 
@@ -409,6 +480,36 @@ def images_pull(
         console.print(pull(ref, console))
     except images.ImageError as exc:
         raise _image_error(exc) from None
+
+
+@images_app.command("push")
+def images_push(
+    registry: str = typer.Option(None, "--registry", help="Where to push: HOST, HOST:PORT or HOST:PORT/PATH, e.g. registry.example.com:5000/team (credentials: your Docker config, as `docker push`)."),
+    variant: str = _VARIANT_OPTION,
+    tag: str = typer.Option(None, "--tag", help="A local image to push instead of the variant's, e.g. verl-deploy:0.1.0-cpu (its repository name and tag are kept)."),
+    runtime: str = _RUNTIME_OPTION,
+) -> None:
+    """Push a variant's local image to a registry as REGISTRY/verl-deploy:<tag>, with a bar per layer; prints it
+    pinned to the registry's digest, the --image for `run --target k8s`."""
+    from rich.console import Console
+
+    from verl_deploy import images
+    from verl_deploy.images.registry import check_registry, publish
+
+    console = Console(highlight=False, soft_wrap=True)
+    try:
+        registry = check_registry(registry)
+        if tag:
+            local, missing = tag, "`docker images` lists the local images"
+        else:
+            name = images.resolve_variant(variant, runtime)
+            flags = f"--variant {name}" + ("" if runtime == DEFAULT_RUNTIME else f" --runtime {runtime}")
+            local = images.image_tag(name, runtime_name=runtime)
+            missing = f"build it first (verl-deploy images build {flags}), or name a local image with --tag"
+        pushed = publish(local, registry, console, missing)
+    except images.ImageError as exc:
+        raise _image_error(exc) from None
+    _print_pushed(console, pushed, runtime)
 
 
 @images_app.command("list")

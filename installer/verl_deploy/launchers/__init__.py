@@ -7,12 +7,14 @@ Every launcher offers the same verbs:
     logs(run_id, follow) -> iterator of text
     stop(run_id)                  graceful: SIGTERM, so the runtime checkpoints
     list() -> list[RunStatus]
+    remove(run_id, confirm) -> list  `runs rm`: what the run left (an ended one only, except on Kubernetes, where
+                                  its workload is deleted); confirm(items) sees the list first and raises to keep it
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_deploy.launchers.jobspec import JobSpec, LaunchError
@@ -35,6 +37,8 @@ class Launcher(Protocol):
     def stop(self, run_id: str) -> None: ...
 
     def list(self) -> list[RunStatus]: ...
+
+    def remove(self, run_id: str, confirm: Callable[[list[str]], None] | None = None) -> list[str]: ...
 
 
 def get_launcher(target: str, runs_root: Path, namespace: str = "default") -> Launcher:

@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Iterator
 
 from verl_deploy import runs
-from verl_deploy.launchers.jobspec import MANAGED_LABEL, RUN_ID_LABEL, RUNS_DIR, SECRETS_DIR, JobSpec, LaunchError
+from verl_deploy.launchers.jobspec import (
+    DEFAULT_SHM, MANAGED_LABEL, RUN_ID_LABEL, RUNS_DIR, SECRETS_DIR, STOP_GRACE_S, JobSpec, LaunchError,
+)
+from verl_deploy.sizes import docker_size
 from verl_deploy.runs import RunStatus
 from verl_runtime import rundir
 
 # NVIDIA's recommendation for PyTorch containers: pinned memory without limit, a 64 MB stack.
 ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864)}
-STOP_GRACE_S = 120  # time the runtime gets to write its checkpoint after SIGTERM
 # The limit counts threads, not processes: torch starts one per core per pool, Ray a worker process per CPU plus
 # its raylet/GCS threads, vLLM engine processes dozens each; on a 100+ core node that is thousands. 16384 leaves
 # room for all of it and still stops a runaway fork loop long before it starves the host.
@@ -131,21 +133,6 @@ def _remove_secrets(directories) -> None:
 
 # --- the options: one dict per container, the SDK's keywords; the dry run translates it -------------------------
 
-def check_sizes(spec: JobSpec) -> None:
-    """--memory and --shm-size as Docker reads them, checked before anything is created."""
-    from docker.errors import DockerException
-    from docker.utils import parse_bytes
-
-    for flag, value, example in (("--memory", spec.memory, "64g"),
-                                 ("--shm-size", None if spec.ipc_host else spec.shm_size, "16g")):
-        if value is None:
-            continue
-        try:
-            parse_bytes(value)
-        except DockerException:
-            raise LaunchError(f"{flag} {value!r} is not a size: use e.g. {example}") from None
-
-
 def container_options(spec: JobSpec, plan: Plan | None = None, environ=None) -> dict:
     """Keyword arguments for `client.containers.create`, the single description of a container: launch() creates
     it, docker_run_args() prints it. No secret values: those are files (see secrets_dir)."""
@@ -181,12 +168,12 @@ def container_options(spec: JobSpec, plan: Plan | None = None, environ=None) -> 
     if spec.ipc_host:
         options["ipc_mode"] = "host"
     else:
-        options["shm_size"] = spec.shm_size
+        options["shm_size"] = docker_size(spec.shm_size or DEFAULT_SHM)
     if spec.cpus:
         options["nano_cpus"] = int(spec.cpus * 1e9)
     if spec.memory:
-        options["mem_limit"] = spec.memory
-        options["memswap_limit"] = spec.memory  # no swap: a run out of memory is OOMKilled, not slowed to a crawl
+        options["mem_limit"] = docker_size(spec.memory)
+        options["memswap_limit"] = docker_size(spec.memory)  # no swap: a run out of memory is OOMKilled, not slowed to a crawl
     options["mounts"] = mounts
     options["environment"] = dict(spec.container_env)
     if spec.working_dir:
@@ -430,7 +417,6 @@ class DockerLauncher:
     # --- launch ------------------------------------------------------------------------------------------------
 
     def dry_run(self, spec: JobSpec) -> str:
-        check_sizes(spec)
         lines = [shlex.join(docker_run_args(options, detach=options["labels"][ROLE_LABEL] == "ray-worker"))
                  for options in run_options(spec)]
         if spec.nodes > 1:
@@ -440,7 +426,6 @@ class DockerLauncher:
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
         import docker.errors
 
-        check_sizes(spec)
         holder = rundir.holder(spec.run_dir)  # a local trainer, or one in a container we do not label
         if holder is not None:
             raise LaunchError(f"run {spec.run_id} is in use by a live trainer{rundir.describe(holder)}: "
@@ -454,7 +439,8 @@ class DockerLauncher:
             previous = runs.read_record(spec.run_dir)
             _prepare_run_dir(spec)
             runs.write_record(spec.run_dir, {
-                **spec.record(), "target": self.target, "command": spec.command(), "memory": spec.memory,
+                **spec.record(), "target": self.target, "command": spec.command(),
+                "memory": docker_size(spec.memory) if spec.memory else None,
                 "exit_code": None, "detail": "", "finished_at": None, "stop_asked_at": None,
             })
             write_secrets(spec)
@@ -472,7 +458,7 @@ class DockerLauncher:
         container.reload()
         self._finish(engine, spec.run_id, container)
         if container.attrs["State"].get("OOMKilled"):
-            limit = f"--memory {spec.memory}" if spec.memory else "no --memory limit"
+            limit = f"--memory {docker_size(spec.memory)}" if spec.memory else "no --memory limit"
             print(f"run {spec.run_id} was killed for lack of memory (OOMKilled, {limit}): raise --memory",
                   file=sys.stderr)
         return code
@@ -548,13 +534,16 @@ class DockerLauncher:
         for container in self._run_containers(engine, run_id):
             mounted += [m["Source"] for m in container.attrs.get("Mounts", []) if m["Destination"] == SECRETS_DIR]
             container.remove(force=True)
-        ours = {"label": [f"{RUN_ID_LABEL}={run_id}", f"{MANAGED_LABEL}=true"]}
-        for network in engine.networks.list(filters=ours):
+        for network in self._run_networks(engine, run_id):
             try:
                 network.remove()
             except docker.errors.APIError:
                 pass  # still in use by something else: leave it
         return mounted
+
+    def _run_networks(self, engine, run_id: str) -> list:
+        """The network a run of several nodes made (compose's are not labelled managed: never touched)."""
+        return engine.networks.list(filters={"label": [f"{RUN_ID_LABEL}={run_id}", f"{MANAGED_LABEL}=true"]})
 
     def _remove_all(self, engine, run_id: str) -> None:
         mounted = self._remove_containers(engine, run_id)
@@ -682,3 +671,32 @@ class DockerLauncher:
         for worker in self._run_containers(engine, run_id):
             if worker.status == "running" and worker.labels.get(ROLE_LABEL) == "ray-worker":
                 worker.kill()  # workers keep no state of the run: checkpoints are the trainer's, on the head
+
+    # --- runs rm -------------------------------------------------------------------------------------------------
+
+    def remove(self, run_id: str, confirm=None) -> list[str]:
+        """Remove a run that has ended: what it left with the engine (containers, network, secrets: a detached run
+        keeps them until its end is recorded) and its run directory. A running one is refused: `stop` checkpoints
+        it first. `confirm(items)` sees what will go before anything does, and raises to keep it all."""
+        engine = self._live_engine()
+        containers = self._run_containers(engine, run_id) if engine is not None else []
+        if any(c.status in ("running", "restarting", "paused") for c in containers):
+            raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
+        run_dir = self._run_dir(run_id, self._trainer(engine, run_id) if containers else None)
+        if runs.trainer_holds(run_dir):  # a trainer this engine does not label (or a local one) still writes there
+            raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
+        if not containers and not self._recorded(run_id):
+            raise LaunchError(f"no Docker run {run_id!r} under {self.runs_root}: `verl-deploy runs` lists the runs")
+        if engine is None and not runs.read_record(run_dir).get("finished_at"):
+            raise LaunchError(f"the Docker engine does not answer, so whether run {run_id} still runs is unknown: "
+                              "start dockerd, then remove it")
+        networks = self._run_networks(engine, run_id) if engine is not None else []
+        items = ([f"container {c.name}" for c in containers] + [f"network {n.name}" for n in networks]
+                 + ([f"run directory {run_dir}"] if run_dir.is_dir() else []))
+        if confirm is not None:
+            confirm(items)
+        if engine is not None:
+            self._remove_all(engine, run_id)
+        if run_dir.is_dir():
+            shutil.rmtree(run_dir)
+        return items

@@ -7,12 +7,12 @@ k8s/ are rendered from it (tests/test_k8s.py keeps them equal), so the two canno
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import re
 from pathlib import Path
 from typing import Iterator
 
-from verl_deploy import runs
+from verl_deploy import gpu_types, runs, sizes
 from verl_deploy.launchers.jobspec import (
     CACHE_DIR,
     CONFIG_DIR,
@@ -27,26 +27,33 @@ from verl_deploy.launchers.jobspec import (
     LaunchError,
 )
 from verl_deploy.runs import RunStatus
+from verl_runtime.errors import EXIT_USER_ERROR
+from verl_runtime.errors import EXIT_USER_ERROR
 
 FIELD_MANAGER = "verl-deploy"
 SECRET_NAME = "verl-deploy-secrets"  # optional; `launch` fills it from the caller's environment
 RUN_VOLUME_SIZE = "50Gi"
-# The namespace's Hugging Face cache, shared by its runs (so a model is downloaded once), unless --hf-cache names one.
-CACHE_CLAIM = "verl-deploy-hf-cache"
+# The Hugging Face cache: by default a claim of the run's own (`<run>-hf-cache`), which every cluster can provide
+# (ReadWriteOnce); a cache shared by runs on different nodes needs ReadWriteMany storage, which many clusters lack
+# (a ReadWriteOnce claim used from a second node fails with Multi-Attach), so sharing is the user's choice:
+# --hf-cache NAME names a claim they made ReadWriteMany (docs/kubernetes.md).
+CACHE_CLAIM_SUFFIX = "-hf-cache"
 CACHE_VOLUME_SIZE = "200Gi"
 BACKOFF_LIMIT = 2  # a retried pod resumes from the last checkpoint (trainer.resume=auto)
 TTL_AFTER_FINISHED_S = 7 * 24 * 3600
+# The NVIDIA device plugin's taint on GPU nodes (GKE and the GPU Operator set it as nvidia.com/gpu=present and
+# nvidia.com/gpu:NoSchedule): Exists tolerates every value.
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+# GPU Feature Discovery's label for the node's driver major version. Preferred, never required: clusters that run
+# only the device plugin (GKE's and EKS's defaults) carry no GFD labels, and a required term would leave the pods
+# Pending forever. `status` and doctor say when a labelled node's driver is too old.
+DRIVER_MAJOR_LABEL = "nvidia.com/cuda.driver.major"
+# The Ray dashboard (job submission, which KubeRay's submitter and operator use) and its agent.
+RAY_SUBMISSION_PORTS = (8265, 52365)
 NONROOT_ID = 1000
 # Secret files are root-owned in the volume; with the pod's fsGroup the kubelet gives them that group and g+r anyway
 # (0400 would become 0440): say so, so the manifest shows what the pod's uid 1000 (group 1000) really gets.
 SECRET_FILE_MODE = 0o440
-
-
-def k8s_quantity(size: str) -> str:
-    """Docker's '16g' / '512m' -> Kubernetes' '16Gi' / '512Mi'; Kubernetes spellings pass through."""
-    match = re.fullmatch(r"(\d+)([kmgt])b?", size.strip().lower())
-    return f"{match.group(1)}{match.group(2).upper()}i" if match else size
 
 
 def _gpu_count(spec: JobSpec) -> int:
@@ -67,16 +74,26 @@ def _driver_major_floor(variant: str | None, runtime: str) -> int | None:
     return int(chosen.min_driver.split(".")[0]) if chosen and chosen.min_driver else None
 
 
-def _node_affinity(spec: JobSpec) -> dict:
-    expressions = [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]
+def _node_affinity(spec: JobSpec) -> dict | None:
+    """Required: the --gpu-type's labels, any one of them (node selector terms are ORed: a cluster carries GFD's,
+    GKE's or the cloud's instance type). Preferred: a driver that runs the image's CUDA, where GFD labels it."""
+    affinity = {}
+    if spec.cluster.gpu_type:
+        labels = gpu_types.lookup(spec.cluster.gpu_type).labels
+        terms = [{"matchExpressions": [{"key": key, "operator": "In", "values": list(values)}]}
+                 for key, values in labels.items()]
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}
     floor = _driver_major_floor(spec.variant, spec.runtime)
-    if floor:  # GFD's nvidia.com/cuda.driver.major; Gt compares integers
-        expressions.append({"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": [str(floor - 1)]})
-    return {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
-        }
-    }
+    if floor:  # Gt compares integers
+        driver = {"key": DRIVER_MAJOR_LABEL, "operator": "Gt", "values": [str(floor - 1)]}
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": 100, "preference": {"matchExpressions": [driver]}}]
+    return {"nodeAffinity": affinity} if affinity else None
+
+
+def pod_size(spec: JobSpec) -> sizes.PodSize:
+    """The pod's CPUs, memory and shared memory: the flags, else sized from its GPUs (sizes.pod_size)."""
+    return sizes.pod_size(_gpu_count(spec), spec.cpus, spec.memory, spec.shm_size)
 
 
 def _env(spec: JobSpec) -> list[dict]:
@@ -100,9 +117,11 @@ def secrets_volume() -> dict:
 
 
 def _resources(spec: JobSpec) -> dict:
-    cpu = str(spec.cpus or 2)
-    memory = k8s_quantity(spec.memory or "16g")
-    resources = {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
+    """Memory requested as limited (the scheduler reserves what the trainer may use; /dev/shm inside it). No CPU
+    limit: CFS throttling stalls data loaders and NCCL's threads, and the request already reserves the cores."""
+    size = pod_size(spec)
+    memory = sizes.k8s_quantity(size.memory_limit)
+    resources = {"requests": {"cpu": sizes.k8s_cpus(size.cpus), "memory": memory}, "limits": {"memory": memory}}
     gpus = _gpu_count(spec)
     if gpus:
         resources["requests"]["nvidia.com/gpu"] = str(gpus)
@@ -116,7 +135,7 @@ def container(spec: JobSpec, name: str = "trainer", args: list[str] | None = Non
     body = {
         "name": name,
         "image": spec.image,
-        "imagePullPolicy": "IfNotPresent",
+        "imagePullPolicy": pull_policy(spec),
         "env": _env(spec),
         "resources": _resources(spec),
         "securityContext": {
@@ -142,6 +161,12 @@ def container(spec: JobSpec, name: str = "trainer", args: list[str] | None = Non
     return body
 
 
+def pull_policy(spec: JobSpec) -> str:
+    """Always for a tag (it may move: the node checks the registry), IfNotPresent for a digest (immutable) or an
+    image the nodes were given by hand (kind load, minikube image load: there is no registry to ask)."""
+    return "IfNotPresent" if "@sha256:" in spec.image or spec.cluster.image_preloaded else "Always"
+
+
 def fetch_container(spec: JobSpec) -> dict:
     """The init container that puts the run's models into the cache claim before the trainer (and on several nodes,
     the workers) start: one download, not one per pod."""
@@ -152,8 +177,8 @@ def fetch_container(spec: JobSpec) -> dict:
 
 
 def cache_claim(spec: JobSpec) -> str:
-    """The cache claim's name; several nodes share it only through ReadWriteMany, a claim of its own."""
-    return spec.cache_claim or (CACHE_CLAIM if spec.nodes == 1 else f"{CACHE_CLAIM}-rwx")
+    """The cache claim's name: --hf-cache's, else the run's own."""
+    return spec.cache_claim or f"{spec.run_id}{CACHE_CLAIM_SUFFIX}"
 
 
 def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never", fetch: bool = True) -> dict:
@@ -175,7 +200,8 @@ def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never", fe
             {"name": "runs", "persistentVolumeClaim": {"claimName": f"{spec.run_id}-runs"}},
             {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim(spec)}},
             # PyTorch workers and NCCL exchange tensors through /dev/shm; the default 64 MB is far too small.
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s_quantity(spec.shm_size)}},
+            # It counts against the container's memory limit, which _resources raises by as much.
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": sizes.k8s_quantity(pod_size(spec).shm)}},
             # HOME=/tmp: Triton, torch.compile, vLLM and Ray write their caches and sessions there (the root is read-only).
             {"name": "tmp", "emptyDir": {}},
         ] + ([{"name": "data", "persistentVolumeClaim": {"claimName": spec.data_claim, "readOnly": True}}]
@@ -185,9 +211,27 @@ def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never", fe
         body["initContainers"] = [fetch_container(spec)]
     if restart_policy:
         body["restartPolicy"] = restart_policy
+    body.update(_scheduling(spec))
+    return body
+
+
+def _scheduling(spec: JobSpec) -> dict:
+    """Where the pod may run and who it runs as: GPU taint and affinity, the user's node selector, priority
+    class, service account and pull secrets, and the grace period a checkpoint needs after SIGTERM."""
+    options = spec.cluster
+    body: dict = {"terminationGracePeriodSeconds": options.grace_period_s}
     if _gpu_count(spec):
-        body["tolerations"] = [GPU_TOLERATION]
-        body["affinity"] = _node_affinity(spec)
+        body["tolerations"] = [dict(GPU_TOLERATION)]
+    if affinity := _node_affinity(spec) if _gpu_count(spec) else None:
+        body["affinity"] = affinity
+    if options.node_selector:
+        body["nodeSelector"] = dict(options.node_selector)
+    if options.priority_class:
+        body["priorityClassName"] = options.priority_class
+    if options.service_account:
+        body["serviceAccountName"] = options.service_account
+    if options.image_pull_secrets:
+        body["imagePullSecrets"] = [{"name": name} for name in options.image_pull_secrets]
     return body
 
 
@@ -211,18 +255,18 @@ def run_volume(spec: JobSpec) -> dict:
 
 
 def cache_volume(spec: JobSpec) -> dict | None:
-    """The shared cache claim, when the launcher makes it (not --hf-cache NAME): labelled managed, not by run, so
-    that stopping a run leaves it."""
+    """The run's own cache claim, when the launcher makes it (not --hf-cache NAME): labelled with the run, so
+    `runs rm` removes it with the run claim."""
     if spec.cache_claim:
         return None
-    return _claim(spec, cache_claim(spec), CACHE_VOLUME_SIZE, {MANAGED_LABEL: "true"})
+    return _claim(spec, cache_claim(spec), CACHE_VOLUME_SIZE, dict(spec.labels))
 
 
 def data_volume(spec: JobSpec) -> dict | None:
     """The data claim, when --data-size asks the launcher to create it (fill it, e.g. from a pod, before training)."""
     if not spec.data_size:
         return None
-    return _claim(spec, spec.data_claim, k8s_quantity(spec.data_size), {MANAGED_LABEL: "true"})
+    return _claim(spec, spec.data_claim, sizes.k8s_quantity(spec.data_size), {MANAGED_LABEL: "true"})
 
 
 def _claim(spec: JobSpec, name: str, size: str, labels: dict) -> dict:
@@ -246,6 +290,7 @@ def job(spec: JobSpec) -> dict:
         "metadata": _metadata(spec, spec.run_id),
         "spec": {
             "backoffLimit": BACKOFF_LIMIT,
+            "podFailurePolicy": pod_failure_policy(spec),
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "template": {
                 "metadata": {"labels": dict(spec.labels)},
@@ -253,6 +298,17 @@ def job(spec: JobSpec) -> dict:
             },
         },
     }
+
+
+def pod_failure_policy(spec: JobSpec) -> dict:
+    """A node drained, preempted or lost (the pod's DisruptionTarget condition) does not count against
+    backoffLimit: the retry resumes from the checkpoint. Our trainer's user-error exit (a config mistake, a missing
+    file: the same every time) fails the Job at once instead of rerunning it on the GPUs. Upstream verl exits 1 for
+    every failure, so only the first rule applies to it."""
+    rules = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+    if not spec.upstream:
+        rules.append({"action": "FailJob", "onExitCodes": {"operator": "In", "values": [EXIT_USER_ERROR]}})
+    return {"rules": rules}
 
 
 def ray_job(spec: JobSpec) -> dict:
@@ -290,16 +346,56 @@ def ray_job(spec: JobSpec) -> dict:
     }
 
 
+def network_policy(spec: JobSpec) -> dict:
+    """Ingress to the run's pods from the run's own pods only (a Ray cluster's head and workers talk to each other on
+    many ports); with several nodes also the Ray dashboard ports, through which KubeRay's operator and submitter
+    submit and follow the job. A one-pod Job needs none. Egress stays open: models, data and trackers are outside."""
+    own = {"podSelector": {"matchLabels": {RUN_ID_LABEL: spec.run_id}}}
+    ingress = []
+    if spec.nodes > 1:
+        ports = [{"protocol": "TCP", "port": port} for port in RAY_SUBMISSION_PORTS]
+        ingress = [{"from": [own]}, {"from": [{"namespaceSelector": {}}], "ports": ports}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(spec, f"{spec.run_id}-ingress"),
+        "spec": {**own, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
 def manifests(spec: JobSpec) -> list[dict]:
     workload = ray_job(spec) if spec.nodes > 1 else job(spec)
     config = None if spec.upstream else config_map(spec)  # upstream verl's config is its command line
-    return [obj for obj in (config, run_volume(spec), data_volume(spec), cache_volume(spec), workload) if obj]
+    objects = (config, network_policy(spec), run_volume(spec), data_volume(spec), cache_volume(spec), workload)
+    return [obj for obj in objects if obj]
 
 
 def to_yaml(objects: list[dict]) -> str:
+    """YAML without anchors and aliases (`&id001`/`*id001`, which PyYAML writes for an object met twice): every
+    object stands alone, as kubectl and admission policies expect to read it."""
     import yaml
 
-    return yaml.safe_dump_all(objects, sort_keys=False, default_flow_style=False)
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data) -> bool:
+            return True
+
+    return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, default_flow_style=False)
+
+
+def cluster_image(spec: JobSpec) -> JobSpec:
+    """The spec with an image the nodes can get: one without a registry is refused (one line naming `images
+    push`) unless the nodes were given it by hand (--image-preloaded); a pushed image is pinned to the digest the
+    registry gave this engine, when it knows it."""
+    from verl_deploy.images.registry import has_registry, pinned
+
+    if spec.cluster.image_preloaded:
+        return spec
+    if not has_registry(spec.image):
+        raise LaunchError(
+            f"image {spec.image} names no registry, so no node can pull it: `verl-deploy images push --registry "
+            f"HOST[:PORT]/PATH`, then --image HOST[:PORT]/PATH/{spec.image}; or --image-preloaded if the nodes "
+            "already hold it (kind load docker-image, minikube image load)")
+    return dataclasses.replace(spec, image=pinned(spec.image))
 
 
 def secret(spec: JobSpec, environ: dict[str, str]) -> dict | None:
@@ -367,6 +463,43 @@ def newest_pod(pods) -> object | None:
     return max(items, key=lambda p: p.metadata.creation_timestamp) if items else None
 
 
+def owner_reference(obj: dict) -> dict:
+    """An ownerReference to an object as the API server answered it (its uid is the server's): Kubernetes' garbage
+    collector deletes the dependent once the owner is gone, e.g. the run's ConfigMap when the Job's TTL ends it.
+    Not a controller reference; the owner's deletion does not wait for the dependent."""
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
+            "uid": obj["metadata"]["uid"], "controller": False, "blockOwnerDeletion": False}
+
+
+def api_error_line(exc) -> str:
+    """One line from the API server's Status answer (its message says what and why), else the HTTP status."""
+    import json
+
+    try:
+        message = json.loads(exc.body).get("message", "")
+    except (TypeError, ValueError, AttributeError):
+        message = ""
+    return f"Kubernetes API answered {exc.status} {exc.reason}" + (f": {message}" if message else "")
+
+
+class api_errors:  # noqa: N801 (used as `with api_errors():`)
+    """An API server's refusal, or none answering, as one line (LaunchError) instead of a traceback."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        if isinstance(exc, ApiException):
+            raise LaunchError(api_error_line(exc)) from None
+        if isinstance(exc, HTTPError):
+            raise LaunchError(f"cannot reach the Kubernetes API server ({type(exc).__name__}): "
+                              "`verl-deploy doctor --k8s` checks the connection") from None
+        return False
+
+
 def load_client_config() -> None:
     """The kubeconfig (KUBECONFIG, else ~/.kube/config), else the pod's service account; a kubeconfig that is there
     but unusable is one line saying so (doctor's finding), not 'no cluster configured'."""
@@ -389,17 +522,34 @@ def load_client_config() -> None:
         ) from None
 
 
+# The kinds the launcher makes: (the client's API, the suffix of its calls: patch_namespaced_<suffix>, read_..., ...).
+KINDS = {
+    "ConfigMap": ("core", "config_map"),
+    "Secret": ("core", "secret"),
+    "PersistentVolumeClaim": ("core", "persistent_volume_claim"),
+    "Job": ("batch", "job"),
+    "NetworkPolicy": ("networking", "network_policy"),
+    "RayJob": ("custom", "custom_object"),
+}
+# The run's objects that go with its workload: owned by it, garbage-collected when its TTL deletes it.
+WITH_WORKLOAD = ("ConfigMap", "NetworkPolicy")
+
+
 class Cluster:
     """The few API calls the launcher makes, on a configured kubernetes ApiClient."""
 
     def __init__(self, api_client=None):
-        from kubernetes import client, config
-
+        try:  # part of the base install; an environment that lost it gets the fix, not a traceback
+            from kubernetes import client
+        except ImportError:
+            raise LaunchError("the Kubernetes client is not installed: `pip install kubernetes` (or reinstall "
+                              "verl-deploy, which depends on it)") from None
         if api_client is None:
             load_client_config()
             api_client = client.ApiClient()
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
     def check_namespace(self, namespace: str) -> None:
@@ -415,27 +565,84 @@ class Cluster:
             if exc.status != 403:  # a user who may not read namespaces may still create jobs in theirs
                 raise LaunchError(f"Kubernetes API refused: {exc.status} {exc.reason}") from None
 
-    def apply(self, obj: dict) -> None:
-        """Server-side apply of one object (as field manager verl-deploy)."""
-        common = {
-            "body": obj,
-            "field_manager": FIELD_MANAGER,
-            "force": True,
-            "_content_type": "application/apply-patch+yaml",
-        }
-        name, namespace, kind = obj["metadata"]["name"], obj["metadata"]["namespace"], obj["kind"]
-        if kind == "ConfigMap":
-            self.core.patch_namespaced_config_map(name, namespace, **common)
-        elif kind == "Secret":
-            self.core.patch_namespaced_secret(name, namespace, **common)
-        elif kind == "PersistentVolumeClaim":
-            self.core.patch_namespaced_persistent_volume_claim(name, namespace, **common)
-        elif kind == "Job":
-            self.batch.patch_namespaced_job(name, namespace, **common)
-        elif kind == "RayJob":
-            self.custom.patch_namespaced_custom_object("ray.io", "v1", namespace, "rayjobs", name, **common)
-        else:
-            raise ValueError(f"cannot apply kind {kind}")
+    def _call(self, verb: str, kind: str):
+        """The client's `verb` (patch, read, delete, list) for a kind, called as (name, namespace, ...) or, to list,
+        (namespace, ...); KubeRay's RayJobs through the custom objects API."""
+        if kind not in KINDS:
+            raise ValueError(f"cannot {verb} kind {kind}")
+        api, suffix = KINDS[kind]
+        if kind != "RayJob":
+            return getattr(getattr(self, api), f"{verb}_namespaced_{suffix}")
+        call = getattr(self.custom, f"{'get' if verb == 'read' else verb}_namespaced_custom_object")
+        if verb == "list":
+            return lambda namespace, **kw: call("ray.io", "v1", namespace, "rayjobs", **kw)
+        return lambda name, namespace, *args, **kw: call("ray.io", "v1", namespace, "rayjobs", name, *args, **kw)
+
+    def apply(self, obj: dict) -> dict:
+        """Server-side apply of one object (as field manager verl-deploy); the object as the server answered it
+        (with its uid)."""
+        name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+        answer = self._call("patch", obj["kind"])(
+            name, namespace, obj, field_manager=FIELD_MANAGER, force=True,
+            _content_type="application/apply-patch+yaml", _preload_content=False,
+        )
+        return _json(answer)
+
+    def set_owner(self, kind: str, namespace: str, name: str, owner: dict) -> None:
+        """Make `owner` the object's only owner. A merge patch, not an apply: applying a part of the object as
+        verl-deploy would drop the fields its earlier apply set; and a run started again (--resume) gets its new
+        Job's uid, not a second, stale owner."""
+        self._call("patch", kind)(
+            name, namespace, {"metadata": {"ownerReferences": [owner]}},
+            field_manager=FIELD_MANAGER, _content_type="application/merge-patch+json",
+        )
+
+    # Reads as plain dicts (the JSON the server sent, as `kubectl get -o json` shows it): k8s_pending reads those.
+
+    def pods(self, namespace: str, selector: str) -> list[dict]:
+        return _json(self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False))["items"]
+
+    def events(self, namespace: str) -> list[dict]:
+        """The namespace's events, in one call: they expire an hour after they last happen (the API server's
+        --event-ttl), so a namespace holds few, and the pod's and its claims' come together."""
+        return _json(self.core.list_namespaced_event(namespace, _preload_content=False))["items"]
+
+    def names(self, kind: str, namespace: str, selector: str) -> list[str]:
+        """The names of a kind's objects that carry the label selector."""
+        found = _json(self._call("list", kind)(namespace, label_selector=selector, _preload_content=False))["items"]
+        return [obj["metadata"]["name"] for obj in found]
+
+    def read(self, kind: str, namespace: str, name: str) -> dict | None:
+        """The object, or None where there is none (404)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return _json(self._call("read", kind)(name, namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def delete(self, kind: str, namespace: str, name: str, propagation: str | None = None) -> bool:
+        """Delete one object (its dependents by `propagation`); False where it was gone already."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        body = client.V1DeleteOptions(propagation_policy=propagation) if propagation else None
+        try:  # the answer is not read: a Status for most kinds, the object for a claim (its finalizer holds it)
+            self._call("delete", kind)(name, namespace, body=body, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+
+def _json(answer) -> dict:
+    """The body of an answer read with _preload_content=False."""
+    import json
+
+    return json.loads(answer.data)
 
 
 class K8sLauncher:
@@ -453,6 +660,7 @@ class K8sLauncher:
         return self._cluster
 
     def dry_run(self, spec: JobSpec) -> str:
+        spec = cluster_image(spec)
         header = f"# verl-deploy run {spec.run_id}: kubectl apply -f - (server-side: --server-side)\n"
         if spec.secrets:
             header += (
@@ -462,10 +670,12 @@ class K8sLauncher:
         return header + to_yaml(manifests(spec))
 
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
+        spec = cluster_image(spec)
         self.cluster.check_namespace(spec.namespace)
         credentials = secret(spec, dict(os.environ))
-        for obj in ([credentials] if credentials else []) + manifests(spec):
-            self.cluster.apply(obj)
+        with api_errors():
+            applied = [self.cluster.apply(obj) for obj in ([credentials] if credentials else []) + manifests(spec)]
+            self._own_config(spec.namespace, applied)
         runs.write_record(spec.run_dir, {**spec.record(), "target": self.target})
         if detach:
             return 0
@@ -477,21 +687,46 @@ class K8sLauncher:
     def _selector(self, run_id: str) -> str:
         return f"{RUN_ID_LABEL}={run_id}"
 
+    def _own_config(self, namespace: str, applied: list[dict]) -> None:
+        """The run's ConfigMap (and NetworkPolicy) go with its workload: owned by the Job (or RayJob) the server just
+        made, they are garbage-collected when the Job's TTL deletes the Job. The run's claims are not owned: they
+        hold the checkpoints and the models, and stay until `runs rm`."""
+        owner = owner_reference(next(obj for obj in applied if obj["kind"] in ("Job", "RayJob")))
+        for obj in applied:
+            if obj["kind"] in WITH_WORKLOAD:
+                self.cluster.set_owner(obj["kind"], namespace, obj["metadata"]["name"], owner)
+
     def status(self, run_id: str) -> RunStatus:
-        jobs = self.cluster.batch.list_namespaced_job(self.namespace, label_selector=self._selector(run_id)).items
-        if jobs:
-            state, detail = job_state(jobs[0])
-            image = jobs[0].spec.template.spec.containers[0].image
-        else:
-            found = self.cluster.custom.list_namespaced_custom_object(
-                "ray.io", "v1", self.namespace, "rayjobs", label_selector=self._selector(run_id)
-            )["items"]
-            if not found:
-                raise LaunchError(f"no Kubernetes job for run {run_id!r} in namespace {self.namespace!r}")
-            state, detail = ray_job_state(found[0])
-            image = head_image(found[0])
+        with api_errors():
+            jobs = self.cluster.batch.list_namespaced_job(self.namespace, label_selector=self._selector(run_id)).items
+            if jobs:
+                state, detail = job_state(jobs[0])
+                image = jobs[0].spec.template.spec.containers[0].image
+            else:
+                found = self._ray_jobs(self._selector(run_id))
+                if not found:
+                    raise LaunchError(f"no Kubernetes job for run {run_id!r} in namespace {self.namespace!r}")
+                state, detail = ray_job_state(found[0])
+                image = head_image(found[0])
+            if state in ("pending", "running"):
+                state, detail = self._why_pending(run_id, state, detail)
         return RunStatus(run_id=run_id, target=self.target, state=state, image=image, detail=detail,
                          run_dir=f"pvc {run_id}-runs:{RUNS_DIR}/{run_id}")
+
+    def _why_pending(self, run_id: str, state: str, detail: str) -> tuple[str, str]:
+        """A workload with Pending pods: why, in one line (k8s_pending). A Job counts a pod that cannot be
+        scheduled as active, so a run none of whose pods has started is pending, not running."""
+        from verl_deploy.launchers import k8s_pending
+
+        pods = self.cluster.pods(self.namespace, self._selector(run_id))
+        waiting = [p for p in pods if p.get("status", {}).get("phase") == "Pending"]
+        if not waiting:
+            return state, detail
+        if len(waiting) == len(pods):
+            state = "pending"
+        names = sorted({name for pod in waiting for name in k8s_pending.claim_names(pod)})
+        claims = {name: self.cluster.read("PersistentVolumeClaim", self.namespace, name) for name in names}
+        return state, k8s_pending.explain(pods, self.cluster.events(self.namespace), claims) or detail
 
     def logs(self, run_id: str, follow: bool = False) -> Iterator[str]:
         """The trainer pod's log (the newest pod of the run: a retried Job has several)."""
@@ -514,19 +749,64 @@ class K8sLauncher:
         for chunk in stream.stream():
             yield chunk.decode(errors="replace")
 
-    def stop(self, run_id: str) -> None:
-        """Delete the workload (its pods get SIGTERM and a grace period to checkpoint); the PVC stays."""
-        from kubernetes import client
-
-        options = client.V1DeleteOptions(propagation_policy="Foreground")
+    def _workloads(self, run_id: str) -> list[tuple[str, str]]:
+        """(kind, name) of the run's Job, or else its RayJob."""
         jobs = self.cluster.batch.list_namespaced_job(self.namespace, label_selector=self._selector(run_id)).items
-        for item in jobs:
-            self.cluster.batch.delete_namespaced_job(item.metadata.name, self.namespace, body=options)
-        if not jobs:
-            self.cluster.custom.delete_namespaced_custom_object("ray.io", "v1", self.namespace, "rayjobs", run_id)
+        if jobs:
+            return [("Job", item.metadata.name) for item in jobs]
+        return [("RayJob", obj["metadata"]["name"]) for obj in self._ray_jobs(self._selector(run_id))]
+
+    def stop(self, run_id: str) -> str:
+        """Delete the workload (its pods get SIGTERM and a grace period to checkpoint); the run claim stays."""
+        with api_errors():
+            found = self._workloads(run_id)
+            if not found:
+                raise LaunchError(f"no Kubernetes job for run {run_id!r} in namespace {self.namespace!r}: "
+                                  "`verl-deploy runs --target k8s` lists the runs")
+            for kind, name in found:
+                self.cluster.delete(kind, self.namespace, name, propagation="Foreground")
+        what = ", ".join(f"{kind} {name}" for kind, name in found)
+        return (f"stopping {run_id}: {what} deleted; its pods get SIGTERM and write a checkpoint to claim "
+                f"{run_id}-runs (`verl-deploy run --resume {run_id}` continues)")
+
+    def remove(self, run_id: str, confirm=None) -> list[str]:
+        """Remove the run: its workload (a running one is stopped), its ConfigMap and NetworkPolicy, the claims made
+        for it (labelled with the run: <run>-runs, the checkpoints, and its own cache) and its run directory here.
+        Claims the run was given (--hf-cache NAME, --data NAME) and the namespace's Secret stay: not the run's.
+        `confirm(items)` sees what will go before anything does, and raises to keep it all."""
+        with api_errors():
+            found = self._removable(run_id)
+            if not found:
+                raise LaunchError(f"no Kubernetes run {run_id!r} in namespace {self.namespace!r} and no run directory "
+                                  f"{self.runs_root / run_id}: `verl-deploy runs --target k8s` lists the runs")
+            if confirm is not None:
+                confirm([what for what, _ in found])
+            for _, delete in found:
+                delete()
+        return [what for what, _ in found]
+
+    def _removable(self, run_id: str) -> list[tuple[str, object]]:
+        """(what, how to delete it) for each part of the run that exists."""
+        import shutil
+
+        ns, selector = self.namespace, self._selector(run_id)
+        found = [(f"{kind} {name}", lambda k=kind, n=name: self.cluster.delete(k, ns, n, propagation="Background"))
+                 for kind, name in self._workloads(run_id)]
+        # A claim's pvc-protection finalizer keeps it until the workload's pods are gone: no need to wait for them.
+        for kind in (*WITH_WORKLOAD, "PersistentVolumeClaim"):
+            found += [(f"{kind} {name}", lambda k=kind, n=name: self.cluster.delete(k, ns, n))
+                      for name in self.cluster.names(kind, ns, selector)]
+        run_dir = self.runs_root / run_id
+        if run_dir.is_dir():
+            found.append((f"run directory {run_dir}", lambda: shutil.rmtree(run_dir)))
+        return found
 
     def list(self) -> list[RunStatus]:
         """Every run in the namespace: batch Jobs (one node) and RayJobs (several)."""
+        with api_errors():
+            return self._list()
+
+    def _list(self) -> list[RunStatus]:
         jobs = self.cluster.batch.list_namespaced_job(self.namespace, label_selector=MANAGED_LABEL).items
         result = []
         for item in jobs:
@@ -539,13 +819,14 @@ class K8sLauncher:
                                     image=head_image(obj), detail=detail))
         return result
 
-    def _ray_jobs(self) -> list[dict]:
-        """The namespace's verl-deploy RayJobs; none where KubeRay's CRD is not installed."""
+    def _ray_jobs(self, selector: str = MANAGED_LABEL) -> list[dict]:
+        """The namespace's verl-deploy RayJobs (of one run, by its selector); none where KubeRay's CRD is not
+        installed."""
         from kubernetes.client.exceptions import ApiException
 
         try:
             return self.cluster.custom.list_namespaced_custom_object(
-                "ray.io", "v1", self.namespace, "rayjobs", label_selector=MANAGED_LABEL
+                "ray.io", "v1", self.namespace, "rayjobs", label_selector=selector
             )["items"]
         except ApiException as exc:
             if exc.status == 404:

@@ -138,6 +138,20 @@ class LocalLauncher:
     def list(self) -> list[RunStatus]:
         return [self._status(self.runs_root / run_id) for run_id in runs.local_run_ids(self.runs_root, self.target)]
 
+    def remove(self, run_id: str, confirm=None) -> list[str]:
+        """Remove a run that has ended: its run directory (config, metrics, logs, checkpoints). A running one is
+        refused: `stop` checkpoints it first. `confirm(items)` sees what will go first, and raises to keep it."""
+        import shutil
+
+        run_dir = self._run_dir(run_id)
+        if self._running(run_dir):
+            raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
+        items = [f"run directory {run_dir}"]
+        if confirm is not None:
+            confirm(items)
+        shutil.rmtree(run_dir)
+        return items
+
 
 def _follow(supervisor: subprocess.Popen, log_path: Path, offset: int = 0) -> int:
     """Print the console log as it grows until the run ends. Ctrl-C, a closed terminal (SIGHUP) or SIGTERM send
