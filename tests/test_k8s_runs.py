@@ -258,3 +258,29 @@ def test_an_api_server_that_does_not_answer_is_one_line(cluster, tmp_path):
     result = cli("runs", "--target", "k8s", "--namespace", "team-a", "--runs-dir", tmp_path / "runs")
     assert result.exit_code == 2
     assert result.output.startswith("error: cannot reach the Kubernetes API server (MaxRetryError): ")
+
+
+def test_status_of_a_run_on_a_node_whose_driver_is_too_old_says_so(cluster, tmp_path):
+    """The driver floor is a preferred affinity only, so the pod may run on an old driver: status reads the node's
+    GPU Feature Discovery labels (a GPU Operator node whose driver is 550) against the cu130 image's 580 floor."""
+    import copy
+    import json
+
+    from conftest import FIXTURES
+
+    image = "registry.local/team/verl-deploy:0.1.0-cu130"
+    jobs = copy.deepcopy(recorded("jobs-r1-pending.json"))
+    jobs["items"][0]["spec"]["template"]["spec"]["containers"][0]["image"] = image
+    pods = copy.deepcopy(recorded("pods-r1-insufficient-gpu.json"))
+    pod = pods["items"][0]
+    pod["spec"]["nodeName"] = "dgx-07"
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+    node = {"kind": "Node", "apiVersion": "v1",
+            **json.loads((FIXTURES / "k8s-nodes" / "onprem-dgx-h100-gpu-operator.json").read_text())}
+    cluster({("GET", JOBS): jobs, ("GET", f"{CORE}/pods"): pods, ("GET", "/api/v1/nodes/dgx-07"): node})
+    result = cli("status", "r1", "--target", "k8s", "--namespace", "team-a", "--runs-dir", tmp_path / "runs")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0].startswith("r1  k8s  running  ")
+    assert result.stdout.splitlines()[-1] == (
+        "  node dgx-07 has NVIDIA driver 550.90.07, older than the 580.65.06 this image's CUDA needs: upgrade its "
+        "driver, or steer the run elsewhere (--gpu-type, --node-selector) or use an older variant (--variant cu128)")

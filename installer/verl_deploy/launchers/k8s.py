@@ -382,6 +382,17 @@ def to_yaml(objects: list[dict]) -> str:
     return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, default_flow_style=False)
 
 
+def image_driver_floor(image: str) -> str | None:
+    """The lowest driver an image of ours runs on, from its tag (`<version>-<variant>`, the way `images build` names
+    them); None for an image whose tag names no variant of the catalog."""
+    from verl_deploy.compat import load_catalog, load_runtimes
+
+    tag = image.split("@")[0].rpartition(":")[2]
+    variants = {name: v for runtime in load_runtimes() for name, v in load_catalog(runtime=runtime).items()}
+    found = variants.get(tag.rpartition("-")[2])
+    return found.min_driver if found else None
+
+
 def cluster_image(spec: JobSpec) -> JobSpec:
     """The spec with an image the nodes can get: one without a registry is refused (one line naming `images
     push`) unless the nodes were given it by hand (--image-preloaded); a pushed image is pinned to the digest the
@@ -710,6 +721,8 @@ class K8sLauncher:
                 image = head_image(found[0])
             if state in ("pending", "running"):
                 state, detail = self._why_pending(run_id, state, detail)
+            if state == "running":
+                detail = self._old_driver(run_id, image) or detail
         return RunStatus(run_id=run_id, target=self.target, state=state, image=image, detail=detail,
                          run_dir=f"pvc {run_id}-runs:{RUNS_DIR}/{run_id}")
 
@@ -727,6 +740,31 @@ class K8sLauncher:
         names = sorted({name for pod in waiting for name in k8s_pending.claim_names(pod)})
         claims = {name: self.cluster.read("PersistentVolumeClaim", self.namespace, name) for name in names}
         return state, k8s_pending.explain(pods, self.cluster.events(self.namespace), claims) or detail
+
+    def _old_driver(self, run_id: str, image: str) -> str:
+        """The driver floor is only preferred (clusters without GPU Feature Discovery carry no driver label), so a
+        pod may land on a node whose driver is too old for the image's CUDA: say so, where the node's GFD labels
+        tell (a user who may not read nodes gets nothing)."""
+        from kubernetes.client.exceptions import ApiException
+
+        from verl_deploy.compat import version_tuple
+        from verl_deploy.doctor.kubernetes_check import node_driver
+
+        floor = image_driver_floor(image)
+        if not floor:
+            return ""
+        for pod in self.cluster.pods(self.namespace, self._selector(run_id)):
+            node = pod.get("spec", {}).get("nodeName")
+            try:
+                labels = _json(self.cluster.core.read_node(node, _preload_content=False))["metadata"].get("labels", {}) if node else {}
+            except ApiException:
+                continue
+            driver = node_driver(labels)
+            if driver and version_tuple(driver) < version_tuple(floor):
+                return (f"node {node} has NVIDIA driver {driver}, older than the {floor} this image's CUDA needs: "
+                        "upgrade its driver, or steer the run elsewhere (--gpu-type, --node-selector) or use an "
+                        "older variant (--variant cu128)")
+        return ""
 
     def logs(self, run_id: str, follow: bool = False) -> Iterator[str]:
         """The trainer pod's log (the newest pod of the run: a retried Job has several)."""
