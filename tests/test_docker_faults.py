@@ -220,8 +220,8 @@ def test_a_container_removed_by_hand_leaves_a_known_run(tmp_path, cpu_image, doc
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    ("--memory", "lots", "error: --memory 'lots' is not a size: use e.g. 64g"),
-    ("--shm-size", "huge", "error: --shm-size 'huge' is not a size: use e.g. 16g"),
+    ("--memory", "lots", "error: --memory 'lots' is not a size: use e.g. 64g (or 64Gi)"),
+    ("--shm-size", "huge", "error: --shm-size 'huge' is not a size: use e.g. 16g (or 16Gi)"),
 ])
 def test_a_bad_size_is_one_line_before_anything_is_created(tmp_path, cpu_image, docker_client, flag, value, message):
     result = cli("run", QUICKSTART, "--target", "docker", "--image", cpu_image, "--runs-dir", tmp_path,
