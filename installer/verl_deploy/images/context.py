@@ -1,7 +1,8 @@
 """What a build of one image variant is made of: the options, the build args and the build context (a tar).
 
 Pure functions over the variant catalog (docker/variants.yaml, read through compat) and the project source; no
-Docker here, so every choice below is tested without an engine.
+Docker here, so every choice below is tested without an engine. Every file comes from the installed packages (their
+code and verl_deploy.assets), so a wheel install and a clone give the same context, byte for byte.
 """
 
 from __future__ import annotations
@@ -14,16 +15,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any
 
-from verl_deploy import __version__, compat
+from verl_deploy import __version__, assets, compat
 
-DOCKER_DIR = compat.CATALOG_PATH.parent
-REPO = DOCKER_DIR.parent
+DOCKER_DIR = assets.path("docker")
 DOCKERFILE = DOCKER_DIR / "Dockerfile"  # verl-deploy's runtime; another runtime's is named in the catalog
-# The project files an image needs, relative to the repository root.
-SOURCES = ("pyproject.toml", "installer/constraints.txt", "verl_runtime", "installer/verl_deploy")
 # The build's own steps (base, toolchain, preflight, verify, prune): under build/ in the context.
 BUILD_SCRIPTS = DOCKER_DIR / "build"
-SKIPPED = ("__pycache__", ".pyc", ".egg-info")
 # Where the build-only extras sit in the deps stage (see docker/Dockerfile).
 EXTRAS = "/extras"
 
@@ -194,16 +191,41 @@ def check(opts: BuildOptions) -> None:
         raise ImageError("--keep-ca-bundle needs a CA bundle: pass --ca-bundle FILE")
 
 
+def project_sources() -> dict[str, Path]:
+    """The project the image installs, by its path in the context (where the Dockerfile COPYs it from): pyproject.toml
+    and the pins from the assets (a wheel has no pyproject.toml of its own), the packages from where Python imports
+    them (in a clone, the checkout)."""
+    return {
+        "pyproject.toml": assets.path("pyproject.toml"),
+        "installer/constraints.txt": assets.path("installer/constraints.txt"),
+        "verl_runtime": assets.package_dir("verl_runtime"),
+        "installer/verl_deploy": assets.package_dir("verl_deploy"),
+    }
+
+
+def _skipped(name: str) -> bool:
+    """Not part of a package as a wheel ships it: caches that Python writes beside the code, and dotfiles (an editor's
+    leftovers in a clone; the assets' .env.example and .secrets/, which the image has no use for)."""
+    return name == "__pycache__" or name.endswith((".pyc", ".egg-info")) or name.startswith(".")
+
+
+def tree(root: Path) -> list[Path]:
+    """The files under root, sorted; links followed (a clone's assets are links to the repository's files)."""
+    found = []
+    for folder, dirs, names in os.walk(root, followlinks=True):
+        dirs[:] = [d for d in dirs if not _skipped(d)]
+        found += [Path(folder) / name for name in names if not _skipped(name)]
+    return sorted(found)
+
+
 def context_members(opts: BuildOptions) -> dict[str, Path | bytes]:
     """Every file of the build context: archive name -> a file on disk or the content itself."""
     members: dict[str, Path | bytes] = {"Dockerfile": dockerfile(opts.variant)}
-    for source in SOURCES:
-        path = REPO / source
-        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        for file in files:
-            name = file.relative_to(REPO).as_posix()
-            if not any(skipped in name for skipped in SKIPPED):
-                members[name] = file
+    for name, source in project_sources().items():
+        if source.is_file():
+            members[name] = source
+        else:
+            members.update((f"{name}/{file.relative_to(source).as_posix()}", file) for file in tree(source))
     for script in sorted([*BUILD_SCRIPTS.glob("*.py"), *BUILD_SCRIPTS.glob("*.sh")]):
         members[f"build/{script.name}"] = script
     members["extras/pip.conf"] = pip_config(opts).encode()

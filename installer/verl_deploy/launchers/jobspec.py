@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-import verl_runtime
-from verl_deploy import compat, gpu_types, sizes
+from verl_deploy import assets, compat, gpu_types, sizes
 from verl_deploy.launchers import verl_command
 from verl_deploy.sizes import Gpus, parse_gpus  # noqa: F401 (one parser for every target; read from here too)
 from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR  # noqa: F401 (the launchers read them from here)
@@ -34,7 +33,7 @@ DATA_DIR = "/data"
 HUB_ENV = ("HF_ENDPOINT", "HF_HUB_OFFLINE")
 
 # The config of a run given no CONFIG file, only overrides (verl's way): our defaults, then the overrides.
-NO_CONFIG = Path(verl_runtime.__file__).with_name("main_ppo.yaml")
+NO_CONFIG = assets.package_dir("verl_runtime") / "main_ppo.yaml"
 # PyTorch data loaders and NCCL need far more than Docker's 64 MB default. On Docker /dev/shm is a tmpfs ceiling
 # that costs nothing until used; on a cluster it counts against the pod's memory, so Kubernetes sizes it from the
 # GPUs (sizes.pod_size) unless --shm-size says.

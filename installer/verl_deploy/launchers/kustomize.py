@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from verl_deploy import assets
 from verl_deploy.launchers import CLUSTER_GPU_VARIANT, default_image
 from verl_deploy.launchers.jobspec import SECRET_ENV, SECRETS_DIR, JobSpec, build_spec
 from verl_deploy.launchers.k8s import (
@@ -15,7 +16,7 @@ from verl_deploy.launchers.k8s import (
 )
 
 RUN_ID = "verl-train"
-K8S_DIR = Path(__file__).resolve().parents[3] / "k8s"
+K8S_DIR = assets.path("k8s")
 BASE_CONFIG = K8S_DIR / "base" / "config.yaml"  # the one hand-written file of the tree
 # CPUs, memory and shared memory follow the GPUs (sizes.pod_size), as for `verl-deploy run --target k8s`.
 OVERLAYS = {
