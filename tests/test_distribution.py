@@ -192,3 +192,17 @@ def test_the_cpu_image_from_the_wheel_is_the_clones(venv, empty, docker_client, 
         assert ours["Config"]["Labels"] == clones["Config"]["Labels"]
     finally:
         docker_client.images.remove(tag)
+
+
+def test_init_from_the_wheel_gives_a_wheel_user_the_clones_files(venv, tmp_path):
+    """`verl-deploy init` from the installed wheel: the configs, compose files and the kustomize tree, the same
+    bytes as the repository's."""
+    from verl_deploy import starter
+
+    done = cli(venv, tmp_path, "init", "mine")
+    assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    mine = tmp_path / "mine"
+    written = {p.relative_to(mine).as_posix(): p.read_bytes() for p in mine.rglob("*") if p.is_file()}
+    assert written == starter.starter_files()
+    assert written["compose.yaml"] == (REPO / "compose.yaml").read_bytes()
+    assert written["k8s/overlays/multi-node/rayjob.yaml"] == (REPO / "k8s/overlays/multi-node/rayjob.yaml").read_bytes()

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import typer
 
-from verl_deploy import __version__
 from verl_deploy.compat import DEFAULT_RUNTIME
 
 app = typer.Typer(
@@ -16,13 +15,15 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(__version__)
+        from verl_deploy.about import version_lines
+
+        typer.echo("\n".join(version_lines()))
         raise typer.Exit()
 
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version of the CLI, its runtime and the image catalog."),
 ) -> None:
     pass
 
@@ -52,6 +53,26 @@ def doctor(
 
         Console().print(to_table(report.findings, report.recommended_variant))
     raise typer.Exit(report.exit_code)
+
+
+@app.command()
+def init(
+    folder: Path = typer.Argument(Path("."), help="Where to write them (created if missing; default: here)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite files that differ from the starter files."),
+) -> None:
+    """Write your own starting files: example configs, compose.yaml with .env.example and .secrets/, and the
+    kustomize tree k8s/ (the files the repository ships)."""
+    from verl_deploy.starter import InitError, write
+
+    try:
+        written = write(folder, force=force)
+    except InitError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"wrote {len(written)} files to {folder}" + ("" if written else " (all there already)"))
+    typer.echo(f"  train here:      verl-deploy run {folder / 'examples/quickstart.yaml'} --target local")
+    typer.echo(f"  compose:         cd {folder} && cp .env.example .env && docker compose up --exit-code-from trainer trainer")
+    typer.echo(f"  kubernetes:      set your image in an overlay of {folder / 'k8s'}, then kubectl apply -k ...")
 
 
 # --- run, status, logs, stop, runs: launchers (one JobSpec, translated per target) ------------------------------
@@ -176,6 +197,8 @@ def run(
             spec = dataclasses.replace(spec, image=ensure_default_image(variant, runtime))
         if spec.upstream:
             _check_with_verl(spec)
+        if target == "docker":
+            _warn_if_stale(spec.image)
         if dry_run:
             typer.echo(launcher.dry_run(spec))
             return
@@ -189,6 +212,15 @@ def run(
     if not detach:
         typer.echo(f"run {spec.run_id} ended with exit code {code}; run directory: {spec.run_dir}", err=True)
     raise typer.Exit(code)
+
+
+def _warn_if_stale(image: str) -> None:
+    """One line when the local image would train other code than this CLI's (images/stale.py)."""
+    from verl_deploy.images.stale import local_labels, warning
+
+    labels = local_labels(image)
+    if labels and (line := warning(image, labels)):
+        typer.echo(line, err=True)
 
 
 def _runtime(name: str | None) -> str:

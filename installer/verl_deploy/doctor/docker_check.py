@@ -43,8 +43,27 @@ def check(ctx: Context) -> list[Finding]:
         Finding(AREA, "engine", "ok", f"Docker {version.get('Version')} (API {version.get('ApiVersion')}) at {host}"),
         _gpu_support(ctx, info),
     ]
+    findings += _stale_images(client)
     if ctx.gpu_smoke:
         findings.append(_smoke(ctx, client))
+    return findings
+
+
+def _stale_images(client: Any) -> list[Finding]:
+    """A warning per local image of ours that would train other code than this CLI's."""
+    from verl_deploy.images.stale import rebuild_hint, stale_reason
+
+    try:
+        images = client.images.list(filters={"label": "verl-deploy.variant"})
+    except Exception as exc:  # the engine answered once; a failing list is not this check's to report
+        return [Finding(AREA, "images", "skip", f"local images not listed: {describe_error(exc)}")]
+    findings = []
+    for image in images:
+        reason = stale_reason(image.labels or {})
+        if reason:
+            name = image.tags[0] if image.tags else image.short_id
+            findings.append(Finding(AREA, f"image {name}", "warn", f"stale: {reason}",
+                                    f"rebuild it: {rebuild_hint(image.labels)}"))
     return findings
 
 

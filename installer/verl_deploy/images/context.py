@@ -160,6 +160,8 @@ def build_args(opts: BuildOptions) -> dict[str, str]:
         "UNUSED": " ".join(unused(v)),
         "UNUSED_PATHS": " ".join(unused_paths(v)),
         "RUNTIME_VERSION": runtime_version(v.runtime),
+        # Our trainer's code, so that an image built from other code under the same version is seen as stale.
+        "RUNTIME_SOURCE": runtime_source() if v.runtime == compat.DEFAULT_RUNTIME else "",
         "NVIDIA_VISIBLE_DEVICES": "void" if v.is_cpu else "all",
         "NVIDIA_REQUIRE_CUDA": nvidia_require_cuda(v),
     }
@@ -201,6 +203,17 @@ def project_sources() -> dict[str, Path]:
         "verl_runtime": assets.package_dir("verl_runtime"),
         "installer/verl_deploy": assets.package_dir("verl_deploy"),
     }
+
+
+def runtime_source() -> str:
+    """A digest of the trainer's code as the image build copies it (verl_runtime, walked as the context walks it):
+    the label verl-deploy.runtime-source, which `images list`, `run` and doctor compare with this CLI's."""
+    import hashlib
+
+    root, digest = assets.package_dir("verl_runtime"), hashlib.sha256()
+    for file in tree(root):
+        digest.update(file.relative_to(root).as_posix().encode() + b"\0" + file.read_bytes() + b"\0")
+    return f"sha256:{digest.hexdigest()}"
 
 
 def _skipped(name: str) -> bool:

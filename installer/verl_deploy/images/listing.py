@@ -6,11 +6,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from verl_deploy import compat
 from verl_deploy.images.context import ImageError, image_tag
 from verl_deploy.images.engine import engine
+from verl_deploy.images.stale import rebuild_hint, stale_reason
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,7 @@ class LocalImage:
     tags: tuple[str, ...]
     size: int
     created: str
+    stale: str | None = None  # why it would train other code than this CLI's (images/stale.py)
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ def local_images() -> dict[str, list[LocalImage]]:
         created = datetime.fromtimestamp(image["Created"]).strftime("%Y-%m-%d %H:%M")
         tags = tuple(t for t in image.get("RepoTags") or () if t != "<none>:<none>")
         if tags:
-            found.setdefault(name, []).append(LocalImage(tags, image["Size"], created))
+            found.setdefault(name, []).append(LocalImage(tags, image["Size"], created, stale_reason(labels)))
     for images in found.values():
         images.sort(key=lambda i: i.created, reverse=True)
     return found
@@ -84,18 +87,25 @@ def table(found: list[Row], engine_note: str = "") -> Table:
     for row in found:
         v, tag = row.variant, image_tag(row.variant.name, runtime_name=row.variant.runtime)
         image = next((i for i in row.images if tag in i.tags), None)
-        others = sorted({t for i in row.images for t in i.tags} - {tag})
+        stale = {t: i.stale for i in row.images for t in i.tags if i.stale}
+        others = [t + (f" [yellow](stale: {escape(stale[t])})[/]" if t in stale else "")
+                  for t in sorted({t for i in row.images for t in i.tags} - {tag})]
         runs = "[green]yes[/]" if row.verdict.runs else f"[yellow]no[/]: {row.verdict.reason}"
         out.add_row(
             v.name if v.runtime == compat.DEFAULT_RUNTIME else f"{v.name}\n[dim]--runtime {v.runtime}[/]",
             f"{v.cuda or 'cpu'} / {v.torch}" + (f" + vLLM {v.vllm}" if v.vllm else "") + _runtime_note(v),
             (tag if image else f"{tag} [dim](not built or pulled)[/]")
+            + (f"\n[yellow]stale[/]: {escape(image.stale)}; rebuild: {_hint(v)}" if image and image.stale else "")
             + (f"\n[dim]also: {', '.join(others)}[/]" if others else ""),
             f"{image.size / 1e9:.2f} GB" if image else "",
             image.created if image else "",
             runs,
         )
     return out
+
+
+def _hint(v: compat.Variant) -> str:
+    return rebuild_hint({"verl-deploy.variant": v.name, "verl-deploy.runtime": v.runtime})
 
 
 def _runtime_note(v: compat.Variant) -> str:
