@@ -11,6 +11,9 @@ Checks, each pass / fail / skip with its figures:
     grpo        GRPO steps through verl_runtime with builtin and hf, and TRL's GRPOTrainer beside them when TRL is
                 installed (bench/grpo_vs_trl.py); target: builtin >= 4x TRL on the gpu preset
     multi_gpu   2 workers, data-parallel and FSDP, where there are 2+ GPUs and Ray is installed
+    plan        `verl-deploy plan`'s per-phase prediction against torch.cuda.max_memory_allocated for our runtime's
+                steps (bench/plan_accuracy.py's GPU cases: the Qwen2.5-0.5B shape in bf16, GRPO with and without
+                checkpointing, PPO with a critic), and the whole step's peak; target: within 10%
 
 Without a CUDA GPU, the gpu preset says so in one line and exits 2.
 """
@@ -132,7 +135,36 @@ def multi_gpu(preset: str) -> dict:
     return {"status": "pass" if result else "fail", "output": printed[-600:]}
 
 
-CHECKS = {"nvml": nvml, "greedy": greedy, "generation": generation, "grpo": grpo, "multi_gpu": multi_gpu}
+def plan(preset: str) -> dict:
+    """The planner against what torch allocated: each phase's peak beyond what existed before it, and the whole step's
+    torch.cuda.max_memory_allocated, on the gpu preset's cases (the cpu preset rehearses the quickstart case with
+    torch.profiler's CPU memory events; its target is the CPU benchmark's 15%)."""
+    import plan_accuracy
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-plan-") as d:
+        workdir = Path(d)
+        os.environ.setdefault("VERL_DEPLOY_CACHE", str(workdir / "cache"))
+        if preset == "gpu":
+            model = plan_accuracy.gpu_model(workdir / "qwen2.5-0.5b-shape")
+            results = [plan_accuracy.run_case(name, spec, model, workdir, plan_accuracy.GPU_COMMON)
+                       for name, spec in plan_accuracy.GPU_CASES.items()]
+            target = plan_accuracy.GPU_TARGET
+        else:
+            spec = plan_accuracy.CASES["quickstart"]
+            results = [plan_accuracy.run_case("quickstart", spec, spec["model"], workdir)]
+            target = plan_accuracy.TARGET
+    worst = max(plan_accuracy.worst_error(r) for r in results)
+    figures = {f"{r['case']} {row['phase']}": f"{row['measured_bytes'] / 2**20:.0f} MiB measured, "
+               f"{row.get('planned_as_run_bytes', row['predicted_bytes']) / 2**20:.0f} planned "
+               f"({row.get('error_as_run', row['error']):+.1%})" for r in results for row in r["rows"]}
+    figures.update({f"{r['case']} whole step": f"{r['whole_step']['measured_bytes'] / 2**30:.2f} GiB "
+                    f"max_memory_allocated, {r['whole_step']['predicted_bytes'] / 2**30:.2f} planned "
+                    f"({r['whole_step']['error']:+.1%})" for r in results if r.get("whole_step")})
+    return {"status": "pass" if worst <= target else "fail", "worst_error": round(worst, 4), "target": target,
+            "figures": figures}
+
+
+CHECKS = {"nvml": nvml, "greedy": greedy, "generation": generation, "grpo": grpo, "multi_gpu": multi_gpu, "plan": plan}
 
 
 def main(argv=None) -> int:

@@ -133,6 +133,7 @@ def run(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print what would run (docker run line, Kubernetes YAML); start nothing."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Start and return; follow with `verl-deploy logs -f RUN`."),
     runtime: str = typer.Option(None, "--runtime", help="verl-deploy (this project's trainer, the default) or verl: upstream verl's main_ppo in its image, with the overrides as verl takes them (docs/verl-runtime.md)."),
+    no_plan: bool = typer.Option(False, "--no-plan", help="Skip the memory pre-flight (`verl-deploy plan`) that refuses a run which cannot fit."),
 ) -> None:
     """Train with CONFIG on this host (local), in a container (docker) or on a cluster (k8s)."""
     import dataclasses
@@ -192,6 +193,8 @@ def run(
             **volumes, storage_class=storage_class, env=extra_env, namespace=namespace, runtime=runtime,
             cluster=cluster,
         )
+        if not no_plan:
+            _preflight(spec, overrides, target, gpus, nodes)
         launcher = get_launcher(target, root, namespace)
         if build_image:  # only once the config and flags are known to be good: a build takes minutes
             spec = dataclasses.replace(spec, image=ensure_default_image(variant, runtime))
@@ -212,6 +215,20 @@ def run(
     if not detach:
         typer.echo(f"run {spec.run_id} ended with exit code {code}; run directory: {spec.run_dir}", err=True)
     raise typer.Exit(code)
+
+
+def _preflight(spec, overrides, target: str, gpus: str | None, nodes: int) -> None:
+    """Plan the run's memory before anything is created (verl_deploy.plan): refuse one that cannot fit, in one line
+    with the best change, and warn when it is tight."""
+    from verl_deploy.launchers import LaunchError
+    from verl_deploy.plan import preflight
+
+    check = preflight(spec.config_path, tuple(overrides), runtime=spec.runtime, target=target, gpus=gpus,
+                      nodes=nodes, gpu_type=spec.cluster.gpu_type)
+    if check.refuse:
+        raise LaunchError(check.message)
+    if check.status == "tight":  # a skipped plan (a cluster's unknown GPU, a model not at hand) says nothing here
+        typer.echo(check.message, err=True)
 
 
 def _warn_if_stale(image: str) -> None:
@@ -268,6 +285,47 @@ def _check_with_verl(spec) -> None:
     typer.echo(f"checking the overrides with verl's config in {spec.image} (main_ppo --cfg job, validate_config)",
                err=True)
     upstream.check_in_image(engine, spec.image, spec.trainer_args()[len(spec.trainer):])
+
+
+@app.command()
+def plan(
+    args: list[str] = typer.Argument(
+        None, metavar="[CONFIG] [-- KEY=VALUE ...]",
+        help="Training config (YAML) as `run` takes it, then overrides after -- (verl's, with --runtime verl)."),
+    runtime: str = typer.Option(DEFAULT_RUNTIME, "--runtime", help="verl-deploy (this project's trainer) or verl (upstream verl 0.9.1's main_ppo)."),
+    gpus: str = typer.Option(None, "--gpus", help="GPUs per node: a count (8), all, or indices (default: the config's, else this host's)."),
+    nodes: int = typer.Option(None, "--nodes", help="Nodes (default: 1)."),
+    gpu_type: str = typer.Option(None, "--gpu-type", help="Plan for this GPU (gpu_types.yaml: H100, H200, A100-80GB, L40S, RTX-4090, ...) instead of this host's."),
+    gpu_memory: str = typer.Option(None, "--gpu-memory", help="Plan for a GPU of this memory, e.g. 80g or 24GiB."),
+    overrides: list[str] = typer.Option([], "--set", help="Config override key=value (repeatable)."),
+    prompt_length: int = typer.Option(None, "--prompt-length", help="Tokens per prompt to plan for (default: read from the data file, else data.max_prompt_length)."),
+    response_length: int = typer.Option(None, "--response-length", help="Mean response tokens, for padding-free micro-batches (default: data.max_response_length)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the plan as JSON (docs/plan.md)."),
+) -> None:
+    """Will it fit? The per-GPU memory of every phase of a step, the verdict, and changes that make it fit.
+    Exit 0 when it fits, 1 when it does not, 2 on bad input. See docs/plan.md."""
+    from verl_deploy.launchers import LaunchError
+    from verl_deploy.plan import PlanError, plan as make_plan
+
+    try:
+        runtime = _runtime(runtime)
+        config, overrides = _config_and_overrides(args or [], overrides, runtime)
+        result = make_plan(config, overrides, runtime=runtime, gpus=gpus, nodes=nodes, gpu_type=gpu_type,
+                           gpu_memory=gpu_memory, prompt_length=prompt_length, response_length=response_length)
+    except (PlanError, LaunchError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    from verl_deploy.plan.render import to_json, to_renderables
+
+    if json_output:
+        typer.echo(to_json(result))
+    else:
+        from rich.console import Console
+
+        console = Console(highlight=False)
+        for item in to_renderables(result):
+            console.print(item)
+    raise typer.Exit(result.exit_code)
 
 
 @app.command()

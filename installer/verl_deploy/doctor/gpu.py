@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_deploy import compat
+from verl_deploy.doctor import capacity
 from verl_deploy.doctor.core import Context, Finding
 
 AREA = "nvidia"
@@ -127,6 +128,7 @@ def check(ctx: Context) -> list[Finding]:
                     "check the GPU is seated and visible: `nvidia-smi -L`")
         )
     findings += [_gpu_finding(gpu) for gpu in ctx.gpus]
+    findings += capacity.findings(ctx)
     findings += _variant_findings(ctx)
     return findings
 

@@ -1,0 +1,345 @@
+"""How right is `verl-deploy plan`? Our trainer's own steps on the CPU, measured, against the planner's prediction.
+
+    .venv/bin/python bench/plan_accuracy.py                 # every case; a table and the worst error
+    .venv/bin/python bench/plan_accuracy.py --cases quickstart,bf16 --json runs/plan-accuracy.json
+
+Each case builds a SingleControllerTrainer (in-process, on the CPU) for a config, runs one warm-up step (so the
+gradients and AdamW's moments exist, as in every later step), then one more step in which every worker method the
+trainer calls (generate, reference log-probs, critic values, old log-probs, critic update, actor update) runs under
+torch.profiler with profile_memory=True. The profiler sees every tensor allocation and free of c10's CPU allocator
+(the same accounting torch.cuda.max_memory_allocated keeps on a GPU), so the running sum of its memory events gives
+the peak of what the call allocated beyond what existed before it: its activations, logits, weight copies and the
+rollout's KV cache. The prediction is the same quantity from the planner: that phase's weight copies + activations +
+logits (+ the rollout's transient), planned for the step's real prompt width.
+
+The static terms (weights, gradients, AdamW moments) are compared byte for byte with the trainer's tensors.
+
+Target (issue #24): every phase within 15%. The CPU runs the regimes a GPU run has: fp32 (our CPU default, with the
+lean llama-family path), bf16 autocast over fp32 master weights (model.dtype=bfloat16: what `auto` is on a GPU),
+each with and without gradient checkpointing, and PPO with a critic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "installer")]
+
+TARGET = 0.15
+MiB = 2**20
+
+# A Qwen2-architecture model large enough that the vocabulary and the layers both weigh (random weights, the built-in
+# byte-level tokenizer, whose ids all lie in this vocabulary), untied so the lm_head is a matrix of its own.
+BENCH_SHAPE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=1024, vocab_size=8192, max_position_embeddings=2048, tie_word_embeddings=False)
+
+COMMON = ["data.train_files=toy:letter", "trainer.device=cpu", "trainer.val_before_train=false",
+          "trainer.resume=disable", "data.max_prompt_length=64", "rollout.name=hf"]
+CASES = {
+    # the quickstart itself: builtin:tiny, GRPO, fp32, the lean path, the builtin decoder
+    "quickstart": {"config": "examples/quickstart.yaml", "model": "builtin:tiny",
+                   "set": ["actor.ppo_micro_batch_size_per_gpu=16"]},
+    "fp32": {"model": "bench", "set": ["algorithm.adv_estimator=grpo", "rollout.n=4", "data.batch_size=8",
+                                      "data.max_response_length=48", "actor.ppo_micro_batch_size_per_gpu=16",
+                                      "actor.use_kl_loss=true", "actor.ppo_epochs=2"]},
+    "fp32-checkpointing": {"model": "bench", "set": ["algorithm.adv_estimator=grpo", "rollout.n=4", "data.batch_size=8",
+                                                    "data.max_response_length=48", "model.gradient_checkpointing=true",
+                                                    "actor.ppo_micro_batch_size_per_gpu=16"]},
+    "bf16": {"model": "bench", "set": ["algorithm.adv_estimator=grpo", "rollout.n=4", "data.batch_size=8",
+                                      "data.max_response_length=48", "model.dtype=bfloat16",
+                                      "actor.ppo_micro_batch_size_per_gpu=16", "actor.use_kl_loss=true",
+                                      "actor.ppo_epochs=2"]},
+    "bf16-checkpointing": {"model": "bench", "set": ["algorithm.adv_estimator=grpo", "rollout.n=4", "data.batch_size=8",
+                                                    "data.max_response_length=48", "model.dtype=bfloat16",
+                                                    "model.gradient_checkpointing=true",
+                                                    "actor.ppo_micro_batch_size_per_gpu=16"]},
+    "ppo-critic": {"model": "bench", "set": ["algorithm.adv_estimator=gae", "rollout.n=1", "data.batch_size=16",
+                                            "data.max_response_length=48", "actor.ppo_micro_batch_size_per_gpu=8",
+                                            "critic.ppo_micro_batch_size_per_gpu=8", "model.dtype=bfloat16"]},
+}
+# On a GPU (bench/gpu_check.py's plan check): the Qwen2.5-0.5B shape in bf16 (autocast over fp32 masters), the hf
+# engine, the phases of GRPO (reference, old log-probs), with and without checkpointing, and PPO's critic.
+GPU_COMMON = ["data.train_files=toy:letter", "trainer.device=cuda", "trainer.val_before_train=false",
+              "trainer.resume=disable", "data.max_prompt_length=64", "rollout.name=hf", "model.dtype=auto"]
+GPU_CASES = {
+    "gpu-grpo": {"model": "qwen2.5-0.5b-shape", "set": ["algorithm.adv_estimator=grpo", "rollout.n=8", "data.batch_size=16",
+                                                      "data.max_response_length=256", "actor.use_kl_loss=true",
+                                                      "actor.ppo_epochs=2", "actor.ppo_micro_batch_size_per_gpu=32",
+                                                      "rollout.log_prob_micro_batch_size_per_gpu=32",
+                                                      "ref.log_prob_micro_batch_size_per_gpu=32"]},
+    "gpu-grpo-checkpointing": {"model": "qwen2.5-0.5b-shape",
+                               "set": ["algorithm.adv_estimator=grpo", "rollout.n=8", "data.batch_size=16",
+                                       "data.max_response_length=256", "model.gradient_checkpointing=true",
+                                       "actor.ppo_micro_batch_size_per_gpu=32"]},
+    "gpu-ppo": {"model": "qwen2.5-0.5b-shape", "set": ["algorithm.adv_estimator=gae", "rollout.n=1", "data.batch_size=32",
+                                                     "data.max_response_length=256", "actor.ppo_micro_batch_size_per_gpu=16",
+                                                     "critic.ppo_micro_batch_size_per_gpu=16"]},
+}
+GPU_TARGET = 0.10
+
+# worker method -> the plan's phase
+PHASES = {"generate": "rollout", "compute_ref_log_prob": "reference log-probs", "compute_values": "critic values",
+          "compute_log_prob": "old log-probs", "critic.update": "critic update", "actor.update": "actor update"}
+TRANSIENT = ("weight copies", "activations", "logits")
+
+
+def measure(fn, device: str = "cpu") -> tuple[object, int]:
+    """fn()'s result and the peak of the bytes it allocated beyond what existed before: on a GPU,
+    torch.cuda.max_memory_allocated() after reset_peak_memory_stats(), less what was allocated before; on the CPU,
+    torch.profiler's memory events of the CPU allocator, replayed in order."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        result = fn()
+        torch.cuda.synchronize()
+        return result, torch.cuda.max_memory_allocated() - before
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        trace = Path(f.name)
+    try:
+        prof.export_chrome_trace(str(trace))
+        events = [e for e in json.loads(trace.read_text())["traceEvents"]
+                  if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0]
+    finally:
+        trace.unlink(missing_ok=True)
+    events.sort(key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)))
+    live = peak = 0
+    for event in events:
+        live += event["args"]["Bytes"]
+        peak = max(peak, live)
+    del torch
+    return result, peak
+
+
+def bench_model(folder: Path) -> str:
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    from verl_runtime.models import resolve_model_path
+
+    tiny = resolve_model_path("builtin:tiny")
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    config = Qwen2Config(**BENCH_SHAPE, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=None)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def gpu_model(folder: Path) -> str:
+    """The Qwen2.5-0.5B shape with random weights and the built-in tokenizer (bench/_models.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _models import _write_qwen25_shape
+
+    from verl_runtime.models import resolve_model_path
+
+    return _write_qwen25_shape(resolve_model_path("builtin:tiny"), folder, 0)
+
+
+def worst_error(result: dict) -> float:
+    errors = [abs(row.get("error_as_run", row["error"])) for row in result["rows"]]
+    if result.get("whole_step"):
+        errors.append(abs(result["whole_step"]["error"]))
+    return max(errors, default=0.0)
+
+
+def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str] = COMMON) -> dict:
+    import torch
+
+    from verl_deploy.plan import plan
+    from verl_runtime.config import load_config, mini_batch_size
+    from verl_runtime.rollout import SamplingParams
+    from verl_runtime.trainer import SingleControllerTrainer, prompt_fields
+
+    overrides = [*common, f"model.path={model}", f"trainer.run_dir={workdir / name}", *spec["set"]]
+    config_file = ROOT / spec["config"] if "config" in spec else None
+    config = load_config(config_file, overrides, warn=False)
+    device = "cuda" if config.trainer.device == "cuda" else "cpu"
+    torch.manual_seed(0)
+    trainer = SingleControllerTrainer(config)
+    prompts = trainer.load_prompts(config.data.train_files, "train")[: config.data.batch_size]
+    sampling = SamplingParams(n=config.rollout.n, temperature=1.0, max_new_tokens=config.data.max_response_length)
+    mini = mini_batch_size(config) * config.rollout.n
+    peaks: dict[str, int] = {}
+
+    workers = {"actor": trainer.actor.workers[0], "ref": trainer.ref and trainer.ref.workers[0],
+               "critic": trainer.critic and trainer.critic.workers[0]}
+    wrapped = {"generate": ("actor", "generate"), "compute_log_prob": ("actor", "compute_log_prob"),
+               "actor.update": ("actor", "update"), "compute_ref_log_prob": ("ref", "compute_ref_log_prob"),
+               "compute_values": ("critic", "compute_values"), "critic.update": ("critic", "update")}
+    recording = {"on": False}
+    for label, (role, method) in wrapped.items():
+        worker = workers[role]
+        if worker is None:
+            continue
+        original = getattr(worker, method)
+
+        def traced(*args, _original=original, _label=label, _worker=worker, **kwargs):
+            if not recording["on"]:
+                return _original(*args, **kwargs)
+            if _label.endswith(".update"):
+                # The profiler sees no free of a block allocated before it started: drop the gradients here (the
+                # update's own zero_grad would), so the call's peak counts them when they are made again.
+                _worker.optimizer.zero_grad(set_to_none=True)
+            result, peak = measure(lambda: _original(*args, **kwargs), device)
+            peaks[_label] = max(peaks.get(_label, 0), peak)
+            return result
+
+        setattr(worker, method, traced)
+
+    def step():
+        batch = trainer.actor.generate([p.input_ids for p in prompts], sampling)
+        batch.update(prompt_fields(prompts, config.rollout.n))
+        scores = trainer.reward.score(batch)
+        trainer._update(batch, scores, {}, mini)
+        return batch
+
+    step()  # warm-up: gradients and AdamW moments now exist
+    recording["on"] = True
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    batch = step()
+    step_peak = None
+    if device == "cuda":  # the whole step: what torch allocated at its highest (weights, states, phases)
+        recording["on"] = False
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        step_peak = torch.cuda.max_memory_allocated()
+    width = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+
+    actor = workers["actor"]
+    static = {
+        "weights": sum(p.numel() * p.element_size() for p in actor.model.parameters()),
+        "gradients": sum(p.grad.numel() * p.grad.element_size() for p in actor.model.parameters() if p.grad is not None),
+        "optimizer": sum(t.numel() * t.element_size() for s in actor.optimizer.state.values() for t in s.values()
+                         if torch.is_tensor(t) and t.dim() > 0),
+    }
+    gpu = {"gpu_memory": str(torch.cuda.get_device_properties(0).total_memory)} if device == "cuda" else {}
+    predicted = plan(config_file, overrides, runtime="verl-deploy", prompt_length=width, read_data=False,
+                     with_suggestions=False, gpus="1" if device == "cuda" else None, **gpu)
+    phases = {p.name: p for p in predicted.memory.phases}
+    # The lean CPU path computes each distinct prompt of a micro-batch once; the plan assumes every group's prompt
+    # differs (the safe side). The quickstart's toy prompts repeat (8 templates), so the step's own count is
+    # planned too, and both are reported.
+    micro = config.actor.ppo_micro_batch_size_per_gpu or mini
+    distinct = max(len(torch.unique(batch["input_ids"][i:i + micro, :width], dim=0))
+                   for i in range(0, len(batch["input_ids"]), micro))
+    as_run = None
+    if distinct < -(-micro // config.rollout.n):
+        from verl_deploy.plan.core import _evaluate
+
+        again = _evaluate(predicted.workload.with_(distinct_prompts=distinct), predicted.model, None,
+                          predicted.lengths, predicted.device)
+        as_run = {p.name: p for p in again.memory.phases}
+    rows = []
+    resident_rollout = phases["actor update"].components["rollout"]
+    for label, measured in peaks.items():
+        phase = phases[PHASES[label]]
+        guess = sum(phase.components[c] for c in TRANSIENT)
+        if label.endswith(".update"):
+            role = "critic" if label.startswith("critic") else "actor"
+            guess += _planned_gradients(predicted, role)
+        if label == "generate":
+            guess += phase.components["rollout"] - resident_rollout
+        row = {"case": name, "phase": phase.name, "measured_bytes": measured, "predicted_bytes": int(guess),
+               "error": (guess - measured) / measured if measured else 0.0, "detail": phase.detail}
+        exact = (sum(as_run[phase.name].components[c] for c in TRANSIENT) + _planned_gradients(predicted, "actor")
+                 if as_run and label == "actor.update" else None)
+        if exact is not None and exact != guess:
+            row.update({"planned_as_run_bytes": int(exact), "error_as_run": (exact - measured) / measured,
+                        "distinct_prompts": distinct, "detail": phase.detail + f" ({distinct} distinct prompts)"})
+        rows.append(row)
+    ref_bytes = predicted.workload.ref_bytes if predicted.workload.use_ref else 0
+    planned_static = {"weights": phases["actor update"].components["weights"]
+                      - (ref_bytes * predicted.model.params if predicted.workload.use_ref else 0)
+                      - (4 * predicted.model.critic_params if predicted.workload.use_critic else 0),
+                      "gradients": phases["actor update"].components["gradients"]
+                      - (4 * predicted.model.critic_params if predicted.workload.use_critic else 0),
+                      "optimizer": phases["actor update"].components["optimizer"]
+                      - (8 * predicted.model.critic_params if predicted.workload.use_critic else 0)}
+    exact = {key: {"measured": static[key], "predicted": int(planned_static[key])} for key in static}
+    whole = None
+    if step_peak is not None:  # the plan's peak less what torch does not allocate (CUDA context, allocator slack)
+        planned = max(p.peak - p.components["overhead"] for p in predicted.memory.phases)
+        whole = {"measured_bytes": step_peak, "predicted_bytes": int(planned),
+                 "error": (planned - step_peak) / step_peak}
+    return {"case": name, "device": device, "whole_step": whole, "model": model, "prompt_width": width,
+            "response_width": batch["responses"].shape[1], "sequences": len(batch["responses"]), "rows": rows,
+            "static": exact, "parameters": predicted.model.params}
+
+
+def _planned_gradients(predicted, role: str) -> int:
+    """The plan's gradient bytes of one role (the phase's gradients hold the critic's too)."""
+    w = predicted.workload
+    critic = 4 * predicted.model.critic_params / (w.world if w.critic_sharded else 1) if w.use_critic else 0
+    actor = 4 * predicted.model.params / (w.world if w.actor_sharded else 1)
+    return int(critic if role == "critic" else actor)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", help="comma-separated cases (default: all of " + ", ".join(CASES) + ")")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(min(torch.get_num_threads(), 2))
+    names = args.cases.split(",") if args.cases else list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        print(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="plan-accuracy-") as tmp:
+        workdir = Path(tmp)
+        os.environ.setdefault("VERL_DEPLOY_CACHE", str(workdir / "cache"))
+        bench = None
+        for name in names:
+            spec = CASES[name]
+            model = spec["model"]
+            if model == "bench":
+                bench = bench or bench_model(workdir / "bench-model")
+                model = bench
+            results.append(run_case(name, spec, model, workdir))
+    print(f"\n{'case':<20} {'phase':<20} {'measured MiB':>13} {'predicted MiB':>14} {'error':>7}  what")
+    worst = 0.0
+    for result in results:
+        for row in result["rows"]:
+            error = row.get("error_as_run", row["error"])
+            worst = max(worst, abs(error))
+            predicted = row.get("planned_as_run_bytes", row["predicted_bytes"])
+            extra = (f"; planned with every prompt distinct: {row['predicted_bytes'] / MiB:.2f} MiB, "
+                     f"{row['error']:+.1%}" if "error_as_run" in row else "")
+            print(f"{row['case']:<20} {row['phase']:<20} {row['measured_bytes'] / MiB:>13.2f} "
+                  f"{predicted / MiB:>14.2f} {error:>+7.1%}  {row['detail']}{extra}")
+    static_ok = all(v["measured"] == v["predicted"] for r in results for v in r["static"].values())
+    print(f"\nweights, gradients, AdamW moments: {'equal to the byte' if static_ok else 'DIFFER'} "
+          f"({', '.join(r['case'] for r in results)})")
+    print(f"worst error {worst:.1%} (target {TARGET:.0%}); {time.monotonic() - started:.0f} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"target": TARGET, "worst_error": worst, "cases": results,
+                                         "torch": torch.__version__}, indent=2) + "\n")
+    return 0 if worst <= TARGET and static_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
