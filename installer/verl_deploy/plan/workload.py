@@ -210,24 +210,23 @@ VERL_KEYS = {
 
 
 def parse_verl_overrides(overrides) -> dict[str, Any]:
-    """Hydra's overrides as verl takes them: key=value (YAML values), +key=value and ++key=value the same, ~key drops;
-    the last one given wins."""
-    import yaml
+    """Hydra's overrides as verl takes them (our config's parser: key=value with YAML values, +key and ++key the
+    same, ~key drops); the last one given wins. An interpolation (${...}) is kept as its text: verl resolves it."""
+    from verl_runtime.config import DELETE, parse_override
+    from verl_runtime.errors import ConfigError
 
     values: dict[str, Any] = {}
     for item in overrides:
-        if item.startswith("~") and "=" not in item:
-            values.pop(item[1:].strip(), None)
-            continue
-        key, sep, text = item.partition("=")
-        key = key.strip().lstrip("+")
-        if not sep or not key:
-            raise PlanError(f"override {item!r} is not key=value")
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            value = text
-        values[key] = value
+            key, value = parse_override(item)
+        except ConfigError as exc:
+            if "${" not in item:
+                raise PlanError(str(exc)) from None
+            key, value = item.partition("=")[0].strip().lstrip("+"), item.partition("=")[2]
+        if value is DELETE:
+            values.pop(key, None)
+        else:
+            values[key] = value
     return values
 
 
