@@ -135,6 +135,14 @@ def test_bad_sizes_are_the_same_one_line_on_every_target(flags, message, target,
     assert not (tmp_path / "runs").exists()
 
 
+def test_smoke_reads_gpus_with_the_same_parser(tmp_path):
+    result = invoke("smoke", "--target", "local", "--gpus", "-1", "--runs-dir", tmp_path / "runs")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == ("error: --gpus '-1' is not understood: use all, a count (2), indices (0,1) or "
+                                     "UUIDs (GPU-...)")
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("target", ["docker", "k8s"])
 def test_sizes_in_either_spelling_mean_the_same_bytes(target, config, tmp_path):
     outputs = {invoke("run", config, "--target", target, "--dry-run", "--image", "reg.io/verl:1", "--run-id", "same",

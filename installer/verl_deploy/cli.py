@@ -116,7 +116,7 @@ def run(
     ipc_host: bool = typer.Option(False, "--ipc-host", help="Share the host's IPC namespace instead of --shm-size (Docker)."),
     nodes: int = typer.Option(None, "--nodes", help="Nodes; more than one runs a Ray cluster (Kubernetes: a RayJob) (default: 1)."),
     data: str = typer.Option(None, "--data", help="Data mounted read-only at /data: a host directory; on k8s a PersistentVolumeClaim's name."),
-    hf_cache: str = typer.Option(None, "--hf-cache", help="Hugging Face cache: a host directory (default: $HF_HOME or ~/.cache/huggingface); on k8s a claim's name (default: the namespace's shared verl-deploy-hf-cache, created)."),
+    hf_cache: str = typer.Option(None, "--hf-cache", help="Hugging Face cache: a host directory (default: $HF_HOME or ~/.cache/huggingface); on k8s a claim's name, ReadWriteMany to share it between runs (default: the run's own <run>-hf-cache, created)."),
     data_size: str = typer.Option(None, "--data-size", help="k8s: create the --data claim (default name: <run>-data) with this size, e.g. 100Gi."),
     storage_class: str = typer.Option(None, "--storage-class", help="k8s: the storage class of the claims the launcher creates (default: the cluster's)."),
     namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
@@ -141,7 +141,7 @@ def run(
 
     from verl_deploy import runs
     from verl_deploy.launchers import LaunchError, cluster_variant, default_image, ensure_default_image, get_launcher
-    from verl_deploy.launchers.jobspec import build_spec, cluster_options, parse_env, parse_gpus, verl_world, world_of
+    from verl_deploy.launchers.jobspec import build_spec, cluster_options, gpus_of, parse_env, verl_world, world_of
 
     root = runs_dir or runs.default_runs_root()
     try:
@@ -172,7 +172,7 @@ def run(
         extra_env = parse_env(env)
         cluster = cluster_options(node_selector, gpu_type, priority_class, service_account, image_pull_secret,
                                   image_preloaded, grace_period)
-        wanted_gpus = parse_gpus(gpus).wanted
+        wanted_gpus = gpus_of(gpus).wanted
         variant = variant or ("auto" if wanted_gpus else "cpu")
         if variant == "auto" and target == "k8s":
             variant = cluster_variant(runtime)  # the cluster's drivers are not this host's
@@ -629,12 +629,12 @@ def smoke(
     from verl_deploy.launchers import (
         CLUSTER_GPU_VARIANT, LaunchError, default_image, ensure_default_image, get_launcher,
     )
-    from verl_deploy.launchers.jobspec import build_spec, new_run_id, parse_gpus
+    from verl_deploy.launchers.jobspec import build_spec, gpus_of, new_run_id
 
     root = runs_dir or runs.default_runs_root()
     run_id = new_run_id(Path("smoke"))
     try:
-        variant = variant or ("auto" if parse_gpus(gpus).wanted else "cpu")
+        variant = variant or ("auto" if gpus_of(gpus).wanted else "cpu")
         if variant == "auto" and target == "k8s":
             variant = CLUSTER_GPU_VARIANT
         if image is None:

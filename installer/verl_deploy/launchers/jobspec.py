@@ -9,13 +9,14 @@ import os
 import re
 import secrets as _secrets
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 from verl_deploy import assets, compat, gpu_types, sizes
 from verl_deploy.launchers import verl_command
-from verl_deploy.sizes import Gpus, parse_gpus  # noqa: F401 (one parser for every target; read from here too)
+from verl_deploy.sizes import Gpus, parse_gpus
 from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR  # noqa: F401 (the launchers read them from here)
 
 RUN_ID_LABEL = "verl-deploy.run-id"
@@ -51,6 +52,16 @@ _DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a DNS subdomain: 
 
 class LaunchError(Exception):
     """A one-line, user-facing launch error: what went wrong and what to do."""
+
+
+@contextmanager
+def sizes_checked():
+    """A value sizes.py refuses (a size, a CPU or GPU count, a node count), as a LaunchError: the same one line on
+    every target."""
+    try:
+        yield
+    except sizes.SizeError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,7 @@ class JobSpec:
     reward_file: Path | None = None  # reward.function's file on the host, read-only beside the config in the container
     reward_name: str = ""  # the function in it ("": verl's default, compute_score)
     # Kubernetes: PersistentVolumeClaims for the data (read-only at /data) and the Hugging Face cache (None: the
-    # namespace's shared one, which the launcher creates), and the storage class of the claims it creates.
+    # run's own, which the launcher creates), and the storage class of the claims it creates.
     data_claim: str | None = None
     data_size: int | None = None  # bytes; set: the launcher creates the data claim with this size (else it must exist)
     cache_claim: str | None = None
@@ -270,10 +281,8 @@ def world_of(path: Path | None, overrides: tuple[str, ...], gpus: str | None, no
 
 def gpus_of(text: str | None) -> Gpus:
     """--gpus parsed (sizes.parse_gpus), its mistake as a LaunchError."""
-    try:
+    with sizes_checked():
         return parse_gpus(text)
-    except sizes.SizeError as exc:
-        raise LaunchError(str(exc)) from None
 
 
 def derive_world(trainer, gpus: str | None, nodes: int | None) -> tuple[str | None, int]:
@@ -281,10 +290,8 @@ def derive_world(trainer, gpus: str | None, nodes: int | None) -> tuple[str | No
     where trainer.device is not cpu); LaunchError (one line) where the flags and the config disagree."""
     per_node, config_nodes = trainer.n_gpus_per_node, trainer.nnodes
     asked = gpus_of(gpus)
-    try:
+    with sizes_checked():
         sizes.parse_nodes(nodes)
-    except sizes.SizeError as exc:
-        raise LaunchError(str(exc)) from None
     if per_node is not None and asked.number is not None and asked.wanted and asked.number != per_node:
         raise LaunchError(f"trainer.n_gpus_per_node={per_node} but --gpus {asked} gives {asked.number} per node: drop "
                           "one of them or make them equal")
@@ -305,7 +312,8 @@ def verl_world(overrides, gpus: str | None, nodes: int | None) -> tuple[str, int
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     gpus, nodes = derive_world(trainer, gpus, nodes)
-    if gpus_of(gpus).number is None or not gpus_of(gpus).wanted:
+    asked = gpus_of(gpus)
+    if asked.number is None or not asked.wanted:
         raise LaunchError(f"upstream verl trains on GPUs and needs their count per node: pass --gpus N (or "
                           f"{verl_command.GPUS_KEY}=N){'; --gpus all is not a count' if gpus == 'all' else ''}")
     return gpus, nodes
@@ -403,14 +411,11 @@ def build_spec(
     """Check the user's input and assemble the spec; no side effects. No config: our defaults and the overrides
     (verl's way: NO_CONFIG). Overrides are `key=value` (verl's `+key=value` too); --gpus/--nodes not given come
     from verl's trainer.n_gpus_per_node/trainer.nnodes (world_of)."""
-    gpus_of(gpus)
-    try:  # the same one-line errors on every target: the values are parsed once, here
+    with sizes_checked():  # the same one-line errors on every target: the values are parsed once, here
         nodes = sizes.parse_nodes(nodes)
         cpus, memory = sizes.parse_cpus(cpus), sizes.parse_memory(memory)
         shm_size = None if ipc_host else sizes.parse_size("--shm-size", shm_size, "16g")
         data_size = sizes.parse_size("--data-size", data_size, "100g")
-    except sizes.SizeError as exc:
-        raise LaunchError(str(exc)) from None
     if runtime != compat.DEFAULT_RUNTIME:
         if config is not None:
             raise LaunchError(f"--runtime {runtime} takes no CONFIG file: verl's config is its overrides, "
@@ -426,8 +431,9 @@ def build_spec(
         overrides = check_overrides(overrides)
         loaded = load_checked(config_path, overrides)  # its warnings (verl keys without effect here) shown once
         gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
-        checked = check_config(loaded, gpus_of(gpus), nodes)
-        world_size = checked.trainer.n_workers if gpus_of(gpus).number else None
+        asked = gpus_of(gpus)
+        checked = check_config(loaded, asked, nodes)
+        world_size = checked.trainer.n_workers if asked.number else None
         reward_file, reward_name = host_reward_file(checked.reward.function)
     if data_dir is not None and not Path(data_dir).is_dir():
         raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
