@@ -28,7 +28,6 @@ from verl_deploy.launchers.jobspec import (
 )
 from verl_deploy.runs import RunStatus
 from verl_runtime.errors import EXIT_USER_ERROR
-from verl_runtime.errors import EXIT_USER_ERROR
 
 FIELD_MANAGER = "verl-deploy"
 SECRET_NAME = "verl-deploy-secrets"  # optional; `launch` fills it from the caller's environment
@@ -719,19 +718,19 @@ class K8sLauncher:
                     raise LaunchError(f"no Kubernetes job for run {run_id!r} in namespace {self.namespace!r}")
                 state, detail = ray_job_state(found[0])
                 image = head_image(found[0])
-            if state in ("pending", "running"):
-                state, detail = self._why_pending(run_id, state, detail)
-            if state == "running":
-                detail = self._old_driver(run_id, image) or detail
+            if state in ("pending", "running"):  # the pods say why it waits, or on which node it runs
+                pods = self.cluster.pods(self.namespace, self._selector(run_id))
+                state, detail = self._why_pending(pods, state, detail)
+                if state == "running":
+                    detail = self._old_driver(pods, image) or detail
         return RunStatus(run_id=run_id, target=self.target, state=state, image=image, detail=detail,
                          run_dir=f"pvc {run_id}-runs:{RUNS_DIR}/{run_id}")
 
-    def _why_pending(self, run_id: str, state: str, detail: str) -> tuple[str, str]:
+    def _why_pending(self, pods: list[dict], state: str, detail: str) -> tuple[str, str]:
         """A workload with Pending pods: why, in one line (k8s_pending). A Job counts a pod that cannot be
         scheduled as active, so a run none of whose pods has started is pending, not running."""
         from verl_deploy.launchers import k8s_pending
 
-        pods = self.cluster.pods(self.namespace, self._selector(run_id))
         waiting = [p for p in pods if p.get("status", {}).get("phase") == "Pending"]
         if not waiting:
             return state, detail
@@ -741,7 +740,7 @@ class K8sLauncher:
         claims = {name: self.cluster.read("PersistentVolumeClaim", self.namespace, name) for name in names}
         return state, k8s_pending.explain(pods, self.cluster.events(self.namespace), claims) or detail
 
-    def _old_driver(self, run_id: str, image: str) -> str:
+    def _old_driver(self, pods: list[dict], image: str) -> str:
         """The driver floor is only preferred (clusters without GPU Feature Discovery carry no driver label), so a
         pod may land on a node whose driver is too old for the image's CUDA: say so, where the node's GFD labels
         tell (a user who may not read nodes gets nothing)."""
@@ -753,10 +752,9 @@ class K8sLauncher:
         floor = image_driver_floor(image)
         if not floor:
             return ""
-        for pod in self.cluster.pods(self.namespace, self._selector(run_id)):
-            node = pod.get("spec", {}).get("nodeName")
+        for node in sorted({pod.get("spec", {}).get("nodeName") for pod in pods} - {None}):
             try:
-                labels = _json(self.cluster.core.read_node(node, _preload_content=False))["metadata"].get("labels", {}) if node else {}
+                labels = _json(self.cluster.core.read_node(node, _preload_content=False))["metadata"].get("labels", {})
             except ApiException:
                 continue
             driver = node_driver(labels)
