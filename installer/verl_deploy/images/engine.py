@@ -18,3 +18,19 @@ def engine(timeout: int = 60) -> Any:
     except docker.errors.DockerException as exc:
         raise ImageError(f"cannot reach the Docker engine ({exc}): start it, or run `verl-deploy doctor`") from None
     return client
+
+
+def inspect_local(ref: str) -> dict | None:
+    """The engine's inspect of a local image (GET /images/{name}/json), or None where there is no such image, the
+    reference is malformed or no engine answers within a few seconds: for the checks that only add a word (a pinned
+    digest, a stale warning) and must never stop a command. Never raises."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        try:
+            return client.api.inspect_image(ref)
+        finally:
+            client.close()
+    except Exception:
+        return None

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
 
 from verl_deploy.images.context import ImageError
-from verl_deploy.images.engine import engine
+from verl_deploy.images.engine import engine, inspect_local
 
 # Per-layer statuses that end a layer's bar.
 LAYER_DONE = ("Pull complete", "Already exists", "Pushed", "Layer already exists", "Mounted from")
@@ -201,13 +201,7 @@ def pinned(ref: str) -> str:
     if "@" in ref:
         return ref
     repository = _split_tag(ref)[0]
-    try:
-        import docker
-
-        digests = docker.from_env(timeout=5).api.inspect_image(ref).get("RepoDigests") or []
-    except Exception:  # no engine, no such image, a malformed ref: nothing to pin to
-        return ref
-    for entry in digests:
+    for entry in (inspect_local(ref) or {}).get("RepoDigests") or []:  # no engine or no such image: none
         name, _, digest = entry.partition("@")
         if _familiar(name) == _familiar(repository):
             return f"{ref}@{digest}"

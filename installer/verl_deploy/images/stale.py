@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from verl_deploy import compat
 from verl_deploy.images.context import ImageError, runtime, runtime_source, runtime_version
+from verl_deploy.images.engine import inspect_local
 
 
 def stale_reason(labels: dict[str, str]) -> str | None:
@@ -44,13 +45,5 @@ def warning(image: str, labels: dict[str, str]) -> str | None:
 
 def local_labels(image: str) -> dict[str, str] | None:
     """The labels of a local image, or None where there is no such image or no engine answers (never raises)."""
-    try:
-        import docker
-
-        client = docker.from_env(timeout=5)
-        try:
-            return client.images.get(image).labels or {}
-        finally:
-            client.close()
-    except Exception:  # no engine, no image: nothing to warn about
-        return None
+    found = inspect_local(image)
+    return None if found is None else (found.get("Config") or {}).get("Labels") or {}
