@@ -45,11 +45,11 @@ def train(config_path: str, overrides: list[str]) -> int:
     The run directory is locked for the whole run, before anything is written into it: a second trainer on it
     fails with one line (RunDirBusy) and leaves the first one's log, metrics and config alone."""
     from verl_runtime.config import load_config
-    from verl_runtime.rundir import locked
+    from verl_runtime.rundir import TRAIN_LOG, locked
 
     config = load_config(config_path, overrides)
     with locked(config.run_dir):
-        log_path = config.run_dir / "train.log"
+        log_path = config.run_dir / TRAIN_LOG
         try:
             with _tee_console(log_path):
                 from verl_runtime.trainer import SingleControllerTrainer

@@ -21,18 +21,18 @@ import torch
 
 from verl_runtime import rundir
 
-STATE_FILE = "state.pt"
+STATE_FILE = rundir.STATE_FILE
 
 
 def checkpoint_dir(run_dir) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / rundir.CHECKPOINTS_DIR
 
 
 def save_checkpoint(run_dir, step: int, state: dict, keep_last: int) -> Path:
     """Write state as step_<step> atomically, then keep only the newest keep_last checkpoints (0: keep all)."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step}"
+    final = root / rundir.step_dir_name(step)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step}-", dir=root))
     try:
         with open(tmp / STATE_FILE, "wb") as handle:

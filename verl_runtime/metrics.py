@@ -6,8 +6,7 @@ import json
 import os
 from pathlib import Path
 
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
+from verl_runtime.rundir import METRICS_FILE, TENSORBOARD_DIR
 
 # What the console line shows, in order: (label, candidate metric names, format).
 _CONSOLE_FIELDS = (

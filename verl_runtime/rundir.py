@@ -1,8 +1,17 @@
-"""What a run directory holds that both the trainer and the host CLI read, torch-free: the live trainer's lock and
-the checkpoint manifests.
+"""A run directory's layout, the one place its file names are defined, and what of it both the trainer and the host
+CLI read, torch-free: the live trainer's lock and the checkpoint manifests.
 
-    <run_dir>/trainer.lock                        flock()ed by the live trainer; JSON {pid, started, host} inside
-    <run_dir>/checkpoints/step_<N>/manifest.json  {"step", "files": {name: {"size", "sha256"}}}, written last
+    <run_dir>/config.yaml                          the config the run last started with (the trainer writes it)
+    <run_dir>/config-changes.jsonl                 keys changed between starts of the same run
+    <run_dir>/metrics.jsonl                        one JSON object per step, verl's metric names
+    <run_dir>/train.log                            the trainer's console, teed by `python -m verl_runtime train`
+    <run_dir>/console.log                          a local launch's stdout and stderr (the supervisor's)
+    <run_dir>/launch.json                          what verl-deploy launched, and how the run ended
+    <run_dir>/trainer.lock                         flock()ed by the live trainer; JSON {pid, started, host} inside
+    <run_dir>/tensorboard/                         TensorBoard event files
+    <run_dir>/checkpoints/step_<N>/state.pt        weights, optimizer, RNG and data position of step N
+    <run_dir>/checkpoints/step_<N>/manifest.json   {"step", "files": {name: {"size", "sha256"}}}, written last
+    <run_dir>/hf/step_<N>/                         a Hugging Face model directory exported from step N
 """
 
 from __future__ import annotations
@@ -19,10 +28,24 @@ from pathlib import Path
 
 from verl_runtime.errors import UserError
 
+CONFIG_FILE = "config.yaml"
+CONFIG_CHANGES_FILE = "config-changes.jsonl"
+METRICS_FILE = "metrics.jsonl"
+TRAIN_LOG = "train.log"
+CONSOLE_LOG = "console.log"
+LAUNCH_RECORD = "launch.json"
 LOCK_FILE = "trainer.lock"
-MANIFEST_FILE = "manifest.json"
+TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS_DIR = "checkpoints"
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "manifest.json"
+EXPORTS_DIR = "hf"
 STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    """checkpoints/ and hf/ name a step's directory so."""
+    return f"step_{step}"
 
 
 class RunDirBusy(UserError):

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from verl_runtime import rundir
 from verl_runtime.algorithms import apply_kl_penalty, compute_advantage, get_kl_controller, sequence_scores_to_token_level
 from verl_runtime.checkpoint import latest_checkpoint, load_newest, rng_state, save_checkpoint, set_rng_state
 from verl_runtime.config import Config, diff_configs, mini_batch_size, to_yaml, validate
@@ -87,7 +88,7 @@ class SingleControllerTrainer:
         run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.trainer.resume == "auto":
             report_config_changes(run_dir, cfg)
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        (run_dir / rundir.CONFIG_FILE).write_text(to_yaml(cfg))
         train = self.load_prompts(cfg.data.train_files, "train")
         val = self.load_prompts(cfg.data.val_files, "val") if cfg.data.val_files else []
         steps_per_epoch = len(batch_indices(len(train), cfg.data.batch_size, cfg.trainer.seed, 0, cfg.data.shuffle))
@@ -287,13 +288,10 @@ class SingleControllerTrainer:
 # --- helpers ---------------------------------------------------------------------------------------------------
 
 
-CONFIG_CHANGES_FILE = "config-changes.jsonl"
-
-
 def report_config_changes(run_dir, config: Config) -> dict:
     """Say which keys differ from the config the run last started with (run_dir/config.yaml), and append them to
     run_dir/config-changes.jsonl: a resumed run may train on other settings than its checkpoints did."""
-    previous = run_dir / "config.yaml"
+    previous = run_dir / rundir.CONFIG_FILE
     if not previous.is_file():
         return {}
     changes = diff_configs(previous.read_text(encoding="utf-8", errors="replace"), config)
@@ -301,7 +299,7 @@ def report_config_changes(run_dir, config: Config) -> dict:
         print(f"[INFO] config changed since the run's last start: {key}: {_shown(old)} -> {_shown(new)}", flush=True)
     if changes:
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        with open(run_dir / CONFIG_CHANGES_FILE, "a", encoding="utf-8") as handle:
+        with open(run_dir / rundir.CONFIG_CHANGES_FILE, "a", encoding="utf-8") as handle:
             handle.write(json.dumps({"time": now, "changes": changes}) + "\n")
     return changes
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from verl_runtime import rundir
 
-LAUNCH_RECORD = "launch.json"
+LAUNCH_RECORD = rundir.LAUNCH_RECORD
 STOPPED_CODES = (-15, -1, 129, 130, 143)  # SIGTERM/SIGHUP/SIGINT: the runtime checkpointed and left
 
 
@@ -201,7 +201,7 @@ def read_record(run_dir: Path) -> dict:
 
 def last_metrics(run_dir: Path | str) -> dict:
     """The last complete JSON line of metrics.jsonl ({} when there is none yet)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / rundir.METRICS_FILE
     try:
         lines = path.read_text().splitlines()
     except OSError:
@@ -225,7 +225,7 @@ def flat_metrics(row: dict) -> dict:
 def metrics_lines(run_dir: Path | str) -> list[dict]:
     """Every complete line of metrics.jsonl."""
     try:
-        lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+        lines = (Path(run_dir) / rundir.METRICS_FILE).read_text().splitlines()
     except OSError:
         return []
     found = []

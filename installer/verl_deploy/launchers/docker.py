@@ -24,6 +24,7 @@ from verl_deploy.launchers.jobspec import (
 from verl_deploy.sizes import docker_size
 from verl_deploy.runs import RunStatus
 from verl_runtime import rundir
+from verl_runtime.rundir import TRAIN_LOG
 
 # NVIDIA's recommendation for PyTorch containers: pinned memory without limit, a 64 MB stack.
 ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864)}
@@ -35,7 +36,6 @@ PIDS_LIMIT = 16384
 # compile .so files there and dlopen them.
 TMPFS = {"/tmp": "rw,exec,nosuid,nodev,mode=1777"}
 CREATED_GRACE_S = 120  # a container still `created` after this was left by an interrupted launch, not starting
-TRAIN_LOG = "train.log"  # the runtime tees its console into the run directory
 
 ROLE_LABEL = "verl-deploy.role"  # set by this launcher only: what it may record and remove (compose's are not)
 RAY_PORT = 6379

@@ -13,10 +13,10 @@ from typing import Iterator
 
 from verl_deploy import runs
 from verl_runtime import rundir
+from verl_runtime.rundir import CONSOLE_LOG
 from verl_deploy.launchers.jobspec import Gpus, JobSpec, LaunchError
 from verl_deploy.runs import RunStatus
 
-CONSOLE_LOG = "console.log"  # the subprocess's stdout and stderr
 
 
 def host_gpu_env(gpus: Gpus) -> dict[str, str]:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from verl_deploy import runs
+from verl_runtime.rundir import CONSOLE_LOG
 
 
 def _ignore(signum, frame) -> None:
@@ -29,7 +30,7 @@ def main(argv: list[str]) -> int:
     run_dir, command = Path(argv[0]), argv[argv.index("--") + 1 :]
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _ignore)
-    with open(run_dir / "console.log", "ab") as log:
+    with open(run_dir / CONSOLE_LOG, "ab") as log:
         # The console log, never a pipe: no terminal that goes away can break the trainer's output.
         trainer = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     runs.write_record(run_dir, {"trainer_pid": trainer.pid})

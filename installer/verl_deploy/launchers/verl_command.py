@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import re
 
+from verl_runtime.rundir import METRICS_FILE  # verl's `file` logger writes it too (VERL_FILE_LOGGER_PATH)
+
 # Where docker/verl.Dockerfile puts verl-deploy's secret-file loader, the image's entrypoint: a shell command (a Ray
 # head, a RayJob's entrypoint) names it itself.
 SECRETS_ENTRY = ("python3", "/opt/verl-deploy/secrets.py")
 # The keys the launcher sets unless the overrides do.
 GPUS_KEY, NODES_KEY = "trainer.n_gpus_per_node", "trainer.nnodes"
 CHECKPOINTS_KEY, LOGGER_KEY = "trainer.default_local_dir", "trainer.logger"
-METRICS_FILE = "metrics.jsonl"  # verl's `file` logger writes here (VERL_FILE_LOGGER_PATH): `status` reads it
 # (runs.flat_metrics reads its lines)
 # Hydra's override grammar, as far as telling a typo of the form from a key goes.
 _OVERRIDE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][\w.\-\[\]/@]*(=.*)?$", re.S)
