@@ -11,6 +11,8 @@ command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 # Compose: bookworm's docker.io 20.10 has no compose plugin; Debian's docker-compose (1.29, Python) reads compose.yaml
 command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
+# A real browser for `verl-deploy report`'s test (tests/test_report.py): Debian's headless Chromium
+command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 || need+=(chromium-headless-shell)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
@@ -25,3 +27,6 @@ if ! timeout 10 docker info >/dev/null 2>&1; then
   timeout 10 docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /tmp/dockerd.log" >&2; tail -20 /tmp/dockerd.log >&2; exit 1; }
 fi
 echo "docker engine $(docker version --format '{{.Server.Version}}') is up"
+
+# Slurm: a real controller and node daemon on this host, for the Slurm target's tests (.ci/slurm.sh)
+bash "$(dirname "$0")/slurm.sh"

@@ -20,7 +20,8 @@ from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_deploy.launchers.jobspec import JobSpec, LaunchError
 from verl_deploy.runs import RunStatus
 
-TARGETS = ("local", "docker", "k8s")
+TARGETS = ("local", "docker", "k8s", "slurm")
+CLUSTER_TARGETS = ("k8s", "slurm")  # their nodes are not this host: its GPUs and driver say nothing of them
 
 
 class Launcher(Protocol):
@@ -41,7 +42,8 @@ class Launcher(Protocol):
     def remove(self, run_id: str, confirm: Callable[[list[str]], None] | None = None) -> list[str]: ...
 
 
-def get_launcher(target: str, runs_root: Path, namespace: str = "default") -> Launcher:
+def get_launcher(target: str, runs_root: Path, namespace: str = "default", slurm=None) -> Launcher:
+    """The target's launcher; slurm: SlurmOptions (--partition, --account, --time, --container) for `run`."""
     if target == "local":
         from verl_deploy.launchers.local import LocalLauncher
 
@@ -54,10 +56,18 @@ def get_launcher(target: str, runs_root: Path, namespace: str = "default") -> La
         from verl_deploy.launchers.k8s import K8sLauncher
 
         return K8sLauncher(runs_root, namespace)
+    if target == "slurm":
+        from verl_deploy.launchers.slurm import SlurmLauncher
+
+        return SlurmLauncher(runs_root, slurm)
+    if target == "direct":  # not a target to launch on: runs `python -m verl_runtime train` started by itself
+        from verl_deploy.launchers.direct import DirectLauncher
+
+        return DirectLauncher(runs_root)
     raise LaunchError(f"unknown target {target!r}: use one of {', '.join(TARGETS)}")
 
 
-__all__ = ["TARGETS", "JobSpec", "LaunchError", "Launcher", "get_launcher"]
+__all__ = ["TARGETS", "CLUSTER_TARGETS", "JobSpec", "LaunchError", "Launcher", "get_launcher"]
 
 
 # Kubernetes nodes are not this host, so `auto` cannot ask their driver: CUDA 12.8 runs on drivers from 525 on

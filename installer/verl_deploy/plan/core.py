@@ -272,12 +272,14 @@ def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = O
     local and docker runs are planned for this host's GPUs (or its memory, for a CPU run); a k8s run for --gpu-type
     (without it, a GPU run on a cluster is skipped: the cluster's GPUs are not known here). Lengths are the config's
     limits (no data file is read: this stays fast)."""
-    if target == "k8s" and not gpu_type and (runtime != OURS or _wants_gpus(gpus)):
+    from verl_deploy.launchers import CLUSTER_TARGETS
+
+    if target in CLUSTER_TARGETS and not gpu_type and (runtime != OURS or _wants_gpus(gpus)):
         return Preflight("skipped", "note: not planned for memory: the cluster's GPU is unknown here (name it with "
                          "--gpu-type to check that the run fits)")
     try:
         result = plan(config, overrides, runtime=runtime, gpus=gpus, nodes=nodes, gpu_type=gpu_type,
-                      read_data=False, this_host=target != "k8s")
+                      read_data=False, this_host=target not in CLUSTER_TARGETS)
     except PlanError as exc:
         return Preflight("skipped", f"note: not planned for memory: {exc}")
     except Exception as exc:  # the planner must never stop a run by a bug of its own
