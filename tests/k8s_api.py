@@ -30,8 +30,10 @@ class Request:
     body: object = None
 
 
-def recorded(name: str) -> dict:
-    return json.loads((FIXTURES / name).read_text())
+def recorded(name: str) -> dict | str:
+    """A recorded answer: JSON, or a container's log as text (a .log file)."""
+    text = (FIXTURES / name).read_text()
+    return text if name.endswith(".log") else json.loads(text)
 
 
 def resource_of(path: str) -> tuple[str, str, str]:
@@ -113,7 +115,7 @@ class ApiServer:
         key = (request.method, request.path)
         if key in self.answers:
             code, body = self._recorded(self.answers[key])
-            return code, _selected(body, request.query.get("labelSelector"))
+            return code, body if isinstance(body, str) else _selected(body, request.query.get("labelSelector"))
         if request.method == "PATCH":
             return 200, self._patch(request)
         if request.method == "GET" and request.path in self.objects:
@@ -188,9 +190,9 @@ def _handler(api: ApiServer):
                               json.loads(raw) if raw else None)
             api.requests.append(request)
             code, body = api.answer(request)
-            data = json.dumps(body).encode()
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             self.send_response(code)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

@@ -686,7 +686,8 @@ class K8sLauncher:
         with api_errors():
             applied = [self.cluster.apply(obj) for obj in ([credentials] if credentials else []) + manifests(spec)]
             self._own_config(spec.namespace, applied)
-        runs.write_record(spec.run_dir, {**spec.record(), "target": self.target})
+        # The cache claim too: `export` mounts it (the base model's config and tokenizer) beside the run claim.
+        runs.write_record(spec.run_dir, {**spec.record(), "target": self.target, "cache_claim": cache_claim(spec)})
         if detach:
             return 0
         for text in self.logs(spec.run_id, follow=True):
