@@ -93,7 +93,7 @@ def test_unknown_key_in_yaml_names_the_file(tmp_path):
         (["algorithm.adv_estimator=grpo", "rollout.n=3", "data.batch_size=4", "actor.ppo_micro_batch_size_per_gpu=8"],
          "actor.ppo_mini_batch_size * rollout.n (4 * 3 = 12 samples) must be a multiple of actor.ppo_micro_batch_size_per_gpu (8)"),
         (["algorithm.adv_estimator=rloo", "rollout.n=1"], "set rollout.n to 2 or more"),
-        (["data.batch_size=0"], "data.batch_size must be at least 1, got 0"),
+        (["data.batch_size=0"], "data.batch_size=0 in --set is out of range: it must be >= 1"),
     ],
 )
 def test_sizes_that_do_not_divide_are_named(overrides, message):

@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")  # ability and extra_info are optional
 TRUNCATION_MODES = ("error", "left", "right", "filter")
+DATA_SUFFIXES = (".parquet", ".jsonl")  # the file types read_records reads
+TOY_PREFIX = "toy:"  # data.train_files entry "toy:<task>": a generated toy task (make_toy_rows), not a file
 
 
 def read_records(path) -> list[dict]:
@@ -31,7 +33,7 @@ def read_records(path) -> list[dict]:
         return _read_parquet(path)
     if path.suffix == ".jsonl":
         return _read_jsonl(path)
-    raise DataError(f"data file {path} has an unsupported type '{path.suffix}': use .parquet or .jsonl")
+    raise DataError(f"data file {path} has an unsupported type '{path.suffix}': use {' or '.join(DATA_SUFFIXES)}")
 
 
 def _read_parquet(path: Path) -> list[dict]:

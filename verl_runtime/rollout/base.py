@@ -21,6 +21,17 @@ class SamplingParams:
     do_sample: bool = True  # False: greedy
     seed: int | None = None  # None: draw from the global torch RNG
 
+    def __post_init__(self):
+        # Every engine reads greedy from do_sample alone: here temperature 0 becomes it, before any logits / 0.
+        if self.temperature == 0:
+            self.do_sample, self.temperature = False, logit_temperature(self.temperature)
+
+
+def logit_temperature(temperature: float) -> float:
+    """What logits are divided by, when sampling and when the trainer recomputes log-probs: the temperature, where
+    0 asks for greedy decoding (as in vLLM and transformers), whose log-probs are the model's own (temperature 1)."""
+    return temperature if temperature > 0 else 1.0
+
 
 @dataclass
 class RolloutBatch:

@@ -54,6 +54,17 @@ class LaunchError(Exception):
     """A one-line, user-facing launch error: what went wrong and what to do."""
 
 
+def launch_fault(exc: OSError, run_dir: Path | None = None) -> LaunchError:
+    """A host write that failed (the runs directory read-only or not ours, a full disk) as one line that names
+    the path (the file's, else run_dir: a failed write() names none) and what to do: the runtime's words for machine
+    faults, with the host's option to move the runs."""
+    from verl_runtime.errors import machine_fault
+
+    path = exc.filename or run_dir or "the run directory"
+    fault = machine_fault(exc, path, elsewhere="point --runs-dir (or VERL_DEPLOY_RUNS) at")
+    return LaunchError(str(fault) if fault else f"cannot write {path}: {exc.strerror or exc}")
+
+
 @contextmanager
 def sizes_checked():
     """A value sizes.py refuses (a size, a CPU or GPU count, a node count), as a LaunchError: the same one line on
@@ -339,6 +350,32 @@ def check_config(config, gpus: Gpus, nodes: int):
         except UserError as exc:
             raise LaunchError(str(exc)) from None
     return config
+
+
+def check_paths(spec: JobSpec, target: str) -> None:
+    """The config's data, reward and model paths (verl_runtime.local_paths), checked on this host before anything
+    is launched, as far as the host sees them: on local, every one; on docker, those under /data in the --data
+    directory, and the reward file, which the launcher mounts from the host; on k8s only the reward file, which
+    travels in the run's ConfigMap. The rest is the image's (or, on k8s, a claim's): the trainer checks it when it
+    starts. Upstream verl checks its own config."""
+    if spec.upstream:
+        return
+    from verl_runtime.errors import UserError
+    from verl_runtime.local_paths import REWARD_FILE, check_local_paths
+
+    def locate(item) -> Path | None:
+        path = Path(item.path).expanduser()
+        in_data = path.is_absolute() and path.is_relative_to(DATA_DIR)
+        if target == "local" or (item.kind == REWARD_FILE and not in_data):
+            return path
+        if target != "docker" or not in_data or spec.data_dir is None:
+            return None
+        return spec.data_dir / path.relative_to(DATA_DIR)
+
+    try:
+        check_local_paths(load_checked(spec.config_path, spec.overrides, warn=False), locate)
+    except UserError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def cluster_options(node_selector=(), gpu_type: str | None = None, priority_class: str | None = None,
