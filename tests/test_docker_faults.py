@@ -151,7 +151,8 @@ def test_an_unreachable_engine_shows_the_recorded_runs_as_unknown(live, monkeypa
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent")
     listed = cli("runs", "--target", "docker", "--runs-dir", live.runs)
     assert listed.exit_code == 0, listed.output
-    assert listed.stdout.startswith(f"{live.run_id}  docker  unknown  step ")
+    header, row = listed.stdout.splitlines()  # `runs` is a table: a header, then a row per run
+    assert header.startswith("RUN") and row.split()[:4] == [live.run_id, "docker", "verl-deploy", "unknown"]
     [warning] = listed.stderr.splitlines()
     assert warning.startswith("warning: Docker engine not reachable (")
     assert warning.endswith("): docker runs shown as last recorded")
@@ -215,7 +216,7 @@ def test_a_container_removed_by_hand_leaves_a_known_run(tmp_path, cpu_image, doc
     status = json.loads(cli("status", "dock-gone", "--runs-dir", tmp_path, "--json").output)
     assert status["state"] == "unknown" and "how it ended was not recorded" in status["detail"]
     listed = cli("runs", "--target", "docker", "--runs-dir", tmp_path)
-    assert listed.stdout.startswith("dock-gone  docker  unknown")
+    assert listed.stdout.splitlines()[1].split()[:4] == ["dock-gone", "docker", "verl-deploy", "unknown"]
     assert not secrets_dir("dock-gone").exists()
 
 

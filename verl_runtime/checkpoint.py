@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from verl_runtime import rundir
+from verl_runtime.errors import machine_fault
 
 STATE_FILE = rundir.STATE_FILE
 
@@ -33,22 +34,38 @@ def save_checkpoint(run_dir, step: int, state: dict, keep_last: int) -> Path:
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / rundir.step_dir_name(step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step}-", dir=root))
     try:
-        with open(tmp / STATE_FILE, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        rundir.write_manifest(tmp, step)  # last: its presence says every other file is whole
-        _fsync_dir(tmp)
-        if final.exists():  # saving the same step again (e.g. at the end right after a periodic save)
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step}-", dir=root))
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would hide it from `export`'s container user and teammates
+        try:
+            with open(tmp / STATE_FILE, "wb") as handle:  # a file object: torch's error then keeps the OSError
+                torch.save(state, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            rundir.write_manifest(tmp, step)  # last: its presence says every other file is whole
+            _fsync_dir(tmp)
+            if final.exists():  # saving the same step again (e.g. at the end right after a periodic save)
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(root)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except (OSError, RuntimeError) as exc:
+        fault = machine_fault(exc, f"checkpoint {final.name} in {root}", _kept(run_dir))
+        if fault is None:
+            raise
+        raise fault from exc
     _prune(run_dir, keep_last)
     return final
+
+
+def _kept(run_dir) -> str:
+    """What a failed save leaves to resume from, for its error line."""
+    valid = _complete_checkpoints(run_dir)
+    if not valid:
+        return f"; no checkpoint was written yet, {rundir.METRICS_FILE} is kept"
+    step, path = valid[-1]
+    return f"; {path} (step {step}) and {rundir.METRICS_FILE} are kept, the same command resumes from there"
 
 
 def latest_checkpoint(run_dir, deep: bool = False) -> Path | None:
@@ -132,6 +149,12 @@ def _first_sentence(exc: BaseException) -> str:
     """The first sentence of an exception's text (torch's go on for a paragraph)."""
     text = " ".join(str(exc).split())
     return text.split(". ")[0][:200]
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def _fsync_dir(path: Path) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import time
 from pathlib import Path
 
+from verl_runtime.errors import machine_fault
 from verl_runtime.rundir import METRICS_FILE, TENSORBOARD_DIR
 
 # What the console line shows, in order: (label, candidate metric names, format).
@@ -22,7 +25,9 @@ class MetricsWriter:
 
     truncate_after: on resume from a checkpoint at that step, drop the lines of later steps (written after the
     checkpoint, before the interruption) so the file reads as one uninterrupted run. A torn last line (the process
-    died mid-write) is dropped in any case, so that the next record starts on a line of its own.
+    died mid-write) is dropped in any case, so that the next record starts on a line of its own. A write that fails
+    (a full disk) is cut off again, so the file keeps whole lines only, and ends the run with one line; TensorBoard,
+    a view of the same numbers, is turned off with a warning instead.
     """
 
     def __init__(self, run_dir, tensorboard: bool = False, truncate_after: int | None = None):
@@ -32,32 +37,84 @@ class MetricsWriter:
             _drop_steps_after(self.path, truncate_after)
         elif self.path.exists():
             _drop_torn_tail(self.path)
-        self._file = open(self.path, "a", encoding="utf-8")
-        self._tensorboard = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tensorboard = SummaryWriter(log_dir=str(Path(run_dir) / TENSORBOARD_DIR), flush_secs=10)
+        # Unbuffered: a failed write leaves nothing in a buffer that a later flush would append as a torn line.
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._tensorboard = _open_tensorboard(Path(run_dir) / TENSORBOARD_DIR) if tensorboard else None
 
     def log(self, step: int, metrics: dict) -> None:
         record = {"step": step, **{name: _plain(value) for name, value in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        self._append((json.dumps(record) + "\n").encode(), step)
         if self._tensorboard is not None:
-            for name, value in record.items():
-                if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tensorboard.add_scalar(name, value, step)
+            try:
+                self._tensorboard.log(step, record)
+            except OSError as exc:
+                print(f"[WARN] TensorBoard is off from step {step}: {machine_fault(exc) or exc}; metrics still go "
+                      f"to {self.path}", flush=True)
+                self._close_tensorboard()
+
+    def _append(self, line: bytes, step: int) -> None:
+        end = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(line):
+                written += os.write(self._fd, line[written:])
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, end)  # the part of the line that fitted: no torn line
+            fault = machine_fault(exc, self.path, f"; the records before step {step} are kept")
+            if fault is None:
+                raise
+            raise fault from exc
 
     def close(self) -> None:
-        self._file.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
+        os.close(self._fd)
+        self._close_tensorboard()
+
+    def _close_tensorboard(self) -> None:
+        writer, self._tensorboard = self._tensorboard, None
+        if writer is not None:
+            with contextlib.suppress(OSError):  # its last events are lost with the disk that refused them
+                writer.close()
 
     def __enter__(self) -> MetricsWriter:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _open_tensorboard(log_dir: Path) -> _Events | None:
+    """TensorBoard events in log_dir, and the command that shows them; None, with a warning, where the tensorboard
+    package is missing (an image without it): TensorBoard is a view, never a reason to fail a run."""
+    try:
+        events = _Events(log_dir)
+    except ImportError as exc:
+        print(f"[WARN] TensorBoard is off: {exc} (pip install tensorboard); metrics still go to "
+              f"{log_dir.parent / METRICS_FILE}", flush=True)
+        return None
+    print(f"[INFO] TensorBoard: tensorboard --logdir {log_dir}", flush=True)
+    return events
+
+
+class _Events:
+    """A TensorBoard event file with one Summary per step that holds all the step's scalars: SummaryWriter's
+    add_scalar converts and queues each scalar on its own, which a CPU step of a tiny model would feel."""
+
+    def __init__(self, log_dir: Path):
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard.writer import FileWriter
+
+        self._summary = Summary
+        # The writer's own thread writes the queued events, flushed every 10 s.
+        self._writer = FileWriter(str(log_dir), flush_secs=10)
+
+    def log(self, step: int, record: dict) -> None:
+        values = [self._summary.Value(tag=name, simple_value=value) for name, value in record.items()
+                  if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)]
+        self._writer.add_summary(self._summary(value=values), step)
+
+    def close(self) -> None:
+        self._writer.close()
 
 
 def read_metrics(run_dir) -> list[dict]:
@@ -70,8 +127,10 @@ def read_metrics(run_dir) -> list[dict]:
     return [record for record in records if record is not None]
 
 
-def format_console_line(step: int, total: int, metrics: dict) -> str:
-    """A compact progress line, e.g. ``step  3/20 | reward 0.412 | loss 0.4321 | 1,234 tok/s | 0.81 s/step``."""
+def format_console_line(step: int, total: int, metrics: dict, elapsed_s: float | None = None,
+                        eta_s: float | None = None) -> str:
+    """A compact progress line, e.g.
+    ``step  3/20 | reward 0.412 | loss 0.4321 | 1,234 tok/s | 0.81 s/step | 0:02 elapsed, ETA 0:14``."""
     parts = [f"step {step:>{len(str(total))}}/{total}"]
     for label, names, fmt in _CONSOLE_FIELDS:
         name = next((n for n in names if n in metrics), None)
@@ -81,7 +140,48 @@ def format_console_line(step: int, total: int, metrics: dict) -> str:
         parts.append(f"{_plain(metrics['perf/throughput']):,.0f} tok/s")
     if "timing_s/step" in metrics:
         parts.append(f"{_plain(metrics['timing_s/step']):.2f} s/step")
+    if elapsed_s is not None:
+        parts.append(f"{format_duration(elapsed_s)} elapsed" + ("" if eta_s is None else f", ETA {format_duration(eta_s)}"))
     return " | ".join(parts)
+
+
+def format_validation_line(step: int, metrics: dict) -> str:
+    """The validation scores of one evaluation, e.g. ``[VAL] step 4 | val-core/openai/gsm8k/reward/mean@1 0.250``."""
+    scores = [f"{name} {_plain(value):.3f}" for name, value in sorted(metrics.items())]
+    return " | ".join([f"[VAL] step {step}", *scores])
+
+
+def eta_seconds(step_durations: list[float], remaining: int) -> float | None:
+    """Seconds left for `remaining` steps at the mean of this process's step durations (None before the first).
+    The first step is left out once others are known: it carries the warm-up (first allocations, compiled
+    kernels, caches)."""
+    if not step_durations:
+        return None
+    steady = step_durations[1:] or step_durations
+    return sum(steady) / len(steady) * remaining
+
+
+def format_duration(seconds: float) -> str:
+    """``0:07``, ``12:34``, ``1:02:03``: minutes and seconds, hours when there are any."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class StepClock:
+    """Elapsed time and ETA of the steps this process trains (after a resume: since the resume). A step's duration
+    is the wall time between two laps, so checkpoint saves and validation count towards the ETA too."""
+
+    def __init__(self):
+        self.started = self._last = time.monotonic()
+        self.durations: list[float] = []
+
+    def lap(self, remaining: int) -> tuple[float, float | None]:
+        """Mark the end of a step; (seconds elapsed, seconds left for `remaining` more steps)."""
+        now = time.monotonic()
+        self.durations.append(now - self._last)
+        self._last = now
+        return now - self.started, eta_seconds(self.durations, remaining)
 
 
 def reduce_metrics(list_of_dicts: list[dict]) -> dict:
@@ -120,8 +220,11 @@ def _drop_steps_after(path: Path, step: int) -> None:
         _warn_torn(path, torn)
     kept = [line for line, record in records if record is not None and record.get("step", 0) <= step]
     tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a full disk: the old file stays whole, and no temp file is left
 
 
 def _drop_torn_tail(path: Path) -> None:

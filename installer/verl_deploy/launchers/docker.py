@@ -7,6 +7,7 @@ exited, how it ended; then the run's containers, network and secrets go. The eng
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -20,6 +21,7 @@ from typing import Iterator
 from verl_deploy import runs
 from verl_deploy.launchers.jobspec import (
     DEFAULT_SHM, MANAGED_LABEL, RUN_ID_LABEL, RUNS_DIR, SECRETS_DIR, STOP_GRACE_S, JobSpec, LaunchError,
+    launch_fault,
 )
 from verl_deploy.sizes import docker_size
 from verl_deploy.runs import RunStatus
@@ -225,6 +227,7 @@ RUN_FLAGS = {
     "tmpfs": lambda v: _each("--tmpfs", [f"{path}:{opts}" for path, opts in v.items()]),
     "ulimits": lambda v: _each("--ulimit", [_ulimit(limit) for limit in v]),
     "network": lambda v: ["--network", v],
+    "network_mode": lambda v: ["--network", v],  # none: `export`'s container
     "device_requests": _gpus_flag,
     "ipc_mode": lambda v: ["--ipc", v],
     "shm_size": lambda v: ["--shm-size", v],
@@ -451,6 +454,9 @@ class DockerLauncher:
         except docker.errors.APIError as exc:
             self._abandon(spec, fresh, previous)
             raise _start_error(spec, exc) from None
+        except OSError as exc:  # the host's runs directory: read-only, not ours, or a full disk
+            self._abandon(spec, fresh, previous)
+            raise launch_fault(exc, spec.run_dir) from None
         if detach:
             return 0  # status, runs, stop or the next launch record its end once the container has exited
         code = self._follow(container)  # the last one started: the trainer (or the Ray head running it)
@@ -496,8 +502,10 @@ class DockerLauncher:
             shutil.rmtree(spec.run_dir, ignore_errors=True)
             return
         if previous:
-            runs.write_record(spec.run_dir, previous)
-        _give_back(spec.run_dir)
+            with contextlib.suppress(OSError):  # the disk that refused this launch's record kept the old one
+                runs.write_record(spec.run_dir, previous)
+        with contextlib.suppress(OSError):
+            _give_back(spec.run_dir)
 
     def _clear_finished(self, engine, run_id: str) -> None:
         found = self._run_containers(engine, run_id)

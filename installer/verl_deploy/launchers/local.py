@@ -14,7 +14,7 @@ from typing import Iterator
 from verl_deploy import runs
 from verl_runtime import rundir
 from verl_runtime.rundir import CONSOLE_LOG
-from verl_deploy.launchers.jobspec import Gpus, JobSpec, LaunchError
+from verl_deploy.launchers.jobspec import Gpus, JobSpec, LaunchError, launch_fault
 from verl_deploy.runs import RunStatus
 
 
@@ -66,9 +66,13 @@ class LocalLauncher:
         if self._running(spec.run_dir):
             raise LaunchError(f"run {spec.run_id} is still running: `verl-deploy stop {spec.run_id}` first")
         gpu_env = host_gpu_env(spec.gpus)
-        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        fresh = not spec.run_dir.exists()
         log_path = spec.run_dir / CONSOLE_LOG
-        log_path.touch()
+        try:
+            spec.run_dir.mkdir(parents=True, exist_ok=True)
+            log_path.touch()
+        except OSError as exc:
+            raise _abandon(spec.run_dir, fresh, exc) from None
         offset = log_path.stat().st_size  # a resumed run's log goes on: follow from where this start begins
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **gpu_env, **spec.env}
         # The supervisor records the exit code; a session of its own: the run survives the CLI and the terminal,
@@ -78,9 +82,14 @@ class LocalLauncher:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
             start_new_session=True,
         )
-        runs.write_record(spec.run_dir, {**spec.record(), "target": self.target, "pid": supervisor.pid,
-                                         "pid_start": runs.process_start(supervisor.pid),
-                                         "command": self.command(spec), "exit_code": None, "detail": ""})
+        try:
+            runs.write_record(spec.run_dir, {**spec.record(), "target": self.target, "pid": supervisor.pid,
+                                             "pid_start": runs.process_start(supervisor.pid),
+                                             "command": self.command(spec), "exit_code": None, "detail": ""})
+        except OSError as exc:  # a full disk: no run without its record (stop and status could not find it)
+            _signal_session(supervisor.pid, signal.SIGKILL)
+            supervisor.wait()
+            raise _abandon(spec.run_dir, fresh, exc) from None
         if detach:
             return 0
         return _follow(supervisor, log_path, offset)
@@ -99,7 +108,9 @@ class LocalLauncher:
 
     def _status(self, run_dir: Path) -> RunStatus:
         record = runs.read_record(run_dir)
-        if self._running(run_dir):
+        # Once the supervisor has recorded the exit code the run is over, though it lives on for an instant after.
+        ended = record.get("exit_code") is not None and not runs.trainer_holds(run_dir)
+        if not ended and self._running(run_dir):
             return runs.run_status(run_dir, self.target, "running", exit_code=None, detail="")
         if record.get("exit_code") is None:
             return runs.run_status(run_dir, self.target, "exited",
@@ -151,6 +162,15 @@ class LocalLauncher:
             confirm(items)
         shutil.rmtree(run_dir)
         return items
+
+
+def _abandon(run_dir: Path, fresh: bool, exc: OSError) -> LaunchError:
+    """A launch the host could not write: the run directory goes if this launch made it; the one-line error."""
+    if fresh:
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return launch_fault(exc, run_dir)
 
 
 def _follow(supervisor: subprocess.Popen, log_path: Path, offset: int = 0) -> int:

@@ -8,6 +8,7 @@ outlives them; it never forwards one (a second SIGTERM would make the trainer sk
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -33,10 +34,14 @@ def main(argv: list[str]) -> int:
     with open(run_dir / CONSOLE_LOG, "ab") as log:
         # The console log, never a pipe: no terminal that goes away can break the trainer's output.
         trainer = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    runs.write_record(run_dir, {"trainer_pid": trainer.pid})
+    # A full disk must not end this process before the trainer: the record is then the launcher's, and the exit
+    # code reaches a following CLI all the same (a detached run's status then says its end was not recorded).
+    with contextlib.suppress(OSError):
+        runs.write_record(run_dir, {"trainer_pid": trainer.pid})
     returncode = trainer.wait()
     detail = f"killed by {signal.Signals(-returncode).name}" if returncode < 0 else ""
-    runs.record_finished(run_dir, exit_code(returncode), detail)
+    with contextlib.suppress(OSError):
+        runs.record_finished(run_dir, exit_code(returncode), detail)
     return exit_code(returncode)
 
 
