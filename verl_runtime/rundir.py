@@ -7,10 +7,14 @@ CLI read, torch-free: the live trainer's lock and the checkpoint manifests.
     <run_dir>/train.log                            the trainer's console, teed by `python -m verl_runtime train`
     <run_dir>/console.log                          a local launch's stdout and stderr (the supervisor's)
     <run_dir>/launch.json                          what verl-deploy launched, and how the run ended
+    <run_dir>/job.sbatch                           a Slurm run's batch script, as submitted (a requeue runs it again)
+    <run_dir>/job.log                              a Slurm job's stdout and stderr (its --output), appended on requeue
+    <run_dir>/job-exit.json                        {job_id, restart, exit_code}: how the batch script's last start ended
     <run_dir>/trainer.lock                         flock()ed by the live trainer; JSON {pid, started, host} inside
     <run_dir>/tensorboard/                         TensorBoard event files
     <run_dir>/checkpoints/step_<N>/state.pt        weights, optimizer, RNG and data position of step N
     <run_dir>/checkpoints/step_<N>/manifest.json   {"step", "files": {name: {"size", "sha256"}}}, written last
+    <run_dir>/checkpoints/.verified.json           checksums the host already verified (a cache: safe to delete)
     <run_dir>/hf/step_<N>/                         a Hugging Face model directory exported from step N
 """
 
@@ -34,11 +38,15 @@ METRICS_FILE = "metrics.jsonl"
 TRAIN_LOG = "train.log"
 CONSOLE_LOG = "console.log"
 LAUNCH_RECORD = "launch.json"
+JOB_SCRIPT = "job.sbatch"
+JOB_LOG = "job.log"
+JOB_EXIT = "job-exit.json"
 LOCK_FILE = "trainer.lock"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS_DIR = "checkpoints"
 STATE_FILE = "state.pt"
 MANIFEST_FILE = "manifest.json"
+VERIFIED_FILE = ".verified.json"
 EXPORTS_DIR = "hf"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -130,8 +138,11 @@ def write_manifest(directory, step: int) -> Path:
     return manifest
 
 
-def checkpoint_problem(directory, deep: bool = False) -> str | None:
-    """Why a checkpoint directory cannot be used (None: it is complete). Sizes always; checksums when deep."""
+def checkpoint_problem(directory, deep: bool = False, known: dict | None = None) -> str | None:
+    """Why a checkpoint directory cannot be used (None: it is complete). Sizes always; checksums when deep.
+
+    known: {file name: fingerprint} of checksums verified before (checked_checkpoints' cache); a file whose
+    fingerprint is unchanged is not hashed again, and each file hashed and found right is added to it."""
     directory = Path(directory)
     try:
         manifest = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
@@ -150,9 +161,42 @@ def checkpoint_problem(directory, deep: bool = False) -> str | None:
             return f"{name} is missing"
         if size != expected.get("size"):
             return f"{name} is {size} bytes, the manifest says {expected.get('size')} (truncated?)"
-        if deep and _sha256(path) != expected.get("sha256"):
-            return f"{name} does not match its checksum (corrupt)"
+        if deep:
+            fingerprint = _fingerprint(path, expected.get("sha256"))
+            if known is not None and known.get(name) == fingerprint:
+                continue
+            if _sha256(path) != expected.get("sha256"):
+                return f"{name} does not match its checksum (corrupt)"
+            if known is not None:
+                known[name] = fingerprint
     return None
+
+
+def checked_checkpoints(run_dir) -> list[tuple[int, Path, str | None]]:
+    """Every checkpoint directory, oldest first, with why it cannot be used (None: sizes and checksums match its
+    manifest). What the host shows as valid is what a resume can load.
+
+    Hashing gigabytes on every `status` would be slow, so the checksums verified are kept in
+    checkpoints/.verified.json, each with its file's inode, size, mtime and ctime: any write to a file changes
+    its ctime, which no one can set back (unlike mtime), so a changed file is always hashed again. Best effort: a
+    run directory this user cannot write is hashed every time."""
+    cache_path = Path(run_dir) / CHECKPOINTS_DIR / VERIFIED_FILE
+    try:
+        cache = json.loads(cache_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cache = {}
+    cache = cache if isinstance(cache, dict) else {}
+    found, verified = [], {}
+    for step, path in checkpoint_dirs(run_dir):
+        known = cache.get(path.name)
+        known = dict(known) if isinstance(known, dict) else {}
+        problem = checkpoint_problem(path, deep=True, known=known)
+        if problem is None:
+            verified[path.name] = known
+        found.append((step, path, problem))
+    if verified != cache:
+        _write_quietly(cache_path, verified)
+    return found
 
 
 def checkpoint_dirs(run_dir) -> list[tuple[int, Path]]:
@@ -167,6 +211,24 @@ def checkpoint_dirs(run_dir) -> list[tuple[int, Path]]:
 def valid_checkpoints(run_dir, deep: bool = False) -> list[tuple[int, Path]]:
     """The complete checkpoints, oldest first."""
     return [(step, path) for step, path in checkpoint_dirs(run_dir) if checkpoint_problem(path, deep) is None]
+
+
+def _fingerprint(path: Path, sha256) -> list:
+    """What must stay the same for a verified checksum to hold: the file (inode, size, mtime, ctime) and the
+    checksum its manifest expects."""
+    stat = path.stat()
+    return [stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, sha256]
+
+
+def _write_quietly(path: Path, data: dict) -> None:
+    """Write a cache file (temp file and rename); a run directory this user cannot write just keeps no cache."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _sha256(path: Path) -> str:

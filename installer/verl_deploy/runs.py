@@ -3,20 +3,32 @@
 The run directory is the run's memory: launch.json records what was launched (config, overrides, image, pid and
 its start time) and, once the run ends, how it ended (exit code, out of memory, when). `status` and `runs` read it
 when the container is gone or the engine does not answer.
+
+A run directory without launch.json but with the trainer's files is a run that `python -m verl_runtime train` (or
+`main_ppo`) started by itself: target "direct". Its trainer's lock and log tell its state (direct_state).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_runtime import rundir
 
 LAUNCH_RECORD = rundir.LAUNCH_RECORD
 STOPPED_CODES = (-15, -1, 129, 130, 143)  # SIGTERM/SIGHUP/SIGINT: the runtime checkpointed and left
+DIRECT = "direct"  # the target of a run the trainer's own entrypoint started (no launch.json)
+# What the runtime's console (train.log) says at a start and at each way a run ends (verl_runtime/trainer.py).
+_STARTED = "[INFO] Initializing SingleControllerTrainer"
+_FINISHED = ("[INFO] Training finished at step", "already finished step")
+_STOPPED = ": stopped after step"
+_LOG_TAIL_BYTES = 256 * 1024
+_PROGRESS = re.compile(r"^step +\d+/(\d+)\b")  # the console's progress line: step 3/40 | ...
 
 
 def default_runs_root() -> Path:
@@ -37,6 +49,9 @@ class RunStatus:
     checkpoints: list[str] = field(default_factory=list)
     detail: str = ""
     unusable_checkpoints: dict[str, str] = field(default_factory=dict)  # name -> why resume skips it
+    runtime: str = ""  # verl-deploy (ours) | verl (upstream's main_ppo)
+    started: str = ""  # UTC, ISO 8601 ("" where unknown)
+    total_steps: int | None = None  # the run's last start said it trains this many steps
 
     @property
     def progress(self) -> str:
@@ -54,6 +69,9 @@ class RunStatus:
             "checkpoints": self.checkpoints,
             "unusable_checkpoints": self.unusable_checkpoints,
             "detail": self.detail,
+            "runtime": self.runtime,
+            "started": self.started,
+            "total_steps": self.total_steps,
         }
 
 
@@ -73,16 +91,23 @@ def note_stop(run_dir: Path) -> None:
 
 
 def run_status(run_dir: Path, target: str, state: str, **fields) -> RunStatus:
-    """A RunStatus with what the run directory says (metrics, checkpoints); the caller says the state."""
+    """A RunStatus with what the run directory says (metrics, checkpoints verified against their checksums, when
+    it started); the caller says the state. A failed run without a recorded detail says why: the last error line
+    of its logs."""
     run_dir = Path(run_dir)
     record = read_record(run_dir)
     fields.setdefault("exit_code", record.get("exit_code"))
     fields.setdefault("image", record.get("image", ""))
     fields.setdefault("detail", record.get("detail", ""))
+    if state == "failed" and not fields["detail"]:
+        fields["detail"] = last_error(run_dir)
+    checked = rundir.checked_checkpoints(run_dir)
     return RunStatus(
         run_id=run_dir.name, target=target, state=state, run_dir=str(run_dir.resolve()),
-        metrics=last_metrics(run_dir), checkpoints=checkpoints(run_dir),
-        unusable_checkpoints=unusable_checkpoints(run_dir), **fields,
+        metrics=last_metrics(run_dir), checkpoints=[path.name for _, path, why in checked if why is None],
+        unusable_checkpoints={path.name: why for _, path, why in checked if why},
+        runtime=record.get("runtime", DEFAULT_RUNTIME), started=started_at(run_dir),
+        total_steps=total_steps(run_dir), **fields,
     )
 
 
@@ -139,12 +164,19 @@ class Resume:
 def plan_resume(runs_root: Path, run_id: str, *, config: Path | None, target: str | None, overrides: list[str],
                 gpus: str | None, nodes: int | None, image: str | None, needs_config: bool = True) -> Resume:
     """The recorded launch of run_id with the given flags on top; ValueError (one line) for a run that is not
-    there, so a typo never starts a fresh run under the typed name."""
-    record = read_record(Path(runs_root) / run_id)
+    there, so a typo never starts a fresh run under the typed name, and for one none of whose checkpoints can be
+    loaded, so that its completed steps are never silently trained again from step 1. A direct run (no launch
+    record) resumes on this host (local) with the config its trainer last wrote."""
+    run_dir = Path(runs_root) / run_id
+    record = read_record(run_dir)
+    if not record and is_direct_run(run_dir):
+        record = {"config": str(run_dir / rundir.CONFIG_FILE), "target": "local"}
     if not record:
         raise ValueError(f"no run {run_id!r} under {runs_root} to resume: `verl-deploy runs` lists the runs "
                          f"(a new run of that name: --run-id {run_id})")
     merged, changes = resume_overrides(record.get("overrides", []), list(overrides))
+    if "trainer.resume=disable" not in merged:  # that one starts over deliberately
+        refuse_unusable(run_dir, run_id)
     recorded_config = Path(record["config"]) if record.get("config") else None
     if config is None and recorded_config is None and needs_config:  # upstream verl's runs have none
         raise ValueError(f"run {run_id} recorded no config file: pass it (`verl-deploy run CONFIG --resume {run_id}`)")
@@ -188,8 +220,11 @@ def write_record(run_dir: Path, record: dict) -> None:
     path = run_dir / LAUNCH_RECORD
     previous = read_record(run_dir)
     tmp = path.with_name(f".{LAUNCH_RECORD}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**previous, **record}, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps({**previous, **record}, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # a full disk cut the write short: the old record stays, no temp file
 
 
 def read_record(run_dir: Path) -> dict:
@@ -238,18 +273,47 @@ def metrics_lines(run_dir: Path | str) -> list[dict]:
 
 
 def checkpoints(run_dir: Path | str) -> list[str]:
-    """Complete checkpoints (checkpoints/step_N whose files match their manifest's sizes), oldest first."""
-    return [path.name for _, path in rundir.valid_checkpoints(run_dir)]
+    """Complete checkpoints (checkpoints/step_N whose files match their manifest's sizes and checksums), oldest
+    first."""
+    return [path.name for _, path, why in rundir.checked_checkpoints(run_dir) if why is None]
 
 
 def unusable_checkpoints(run_dir: Path | str) -> dict[str, str]:
-    """Checkpoint directories a resume skips, with why (an interrupted save, a truncated file)."""
-    found = {}
-    for _, path in rundir.checkpoint_dirs(run_dir):
-        problem = rundir.checkpoint_problem(path)
-        if problem:
-            found[path.name] = problem
-    return found
+    """Checkpoint directories a resume skips, with why (an interrupted save, a truncated or corrupt file)."""
+    return {path.name: why for _, path, why in rundir.checked_checkpoints(run_dir) if why}
+
+
+def refuse_unusable(run_dir: Path, run_id: str) -> None:
+    """ValueError (one line) when the run has checkpoints and none of them can be loaded: a resume would train
+    its completed steps again from step 1."""
+    checked = rundir.checked_checkpoints(run_dir)
+    if not checked or any(why is None for _, _, why in checked):
+        return
+    reasons = "; ".join(f"{path.name}: {why}" for _, path, why in reversed(checked))
+    raise ValueError(f"every checkpoint of run {run_id} is unusable ({reasons}), so a resume would start it over "
+                     f"at step 1: to start over deliberately, `--resume {run_id} --set trainer.resume=disable` (its "
+                     f"metrics restart), `verl-deploy runs rm {run_id}`, or --run-id NEW for another run")
+
+
+def runs_table(found: list[RunStatus]) -> str:
+    """`verl-deploy runs`: one row per run under a header, in the order given."""
+    header = ("RUN", "TARGET", "RUNTIME", "STATE", "STEP", "REWARD", "STARTED (UTC)")
+    rows = [header] + [(r.run_id, r.target, r.runtime or "-", r.state, _step_cell(r), _reward_cell(r.metrics),
+                        r.started.replace("T", " ")[:16] or "-") for r in found]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def _step_cell(run: RunStatus) -> str:
+    step = run.metrics.get("step", run.metrics.get("training/global_step"))
+    if step is None:
+        return "-"
+    return f"{step}/{run.total_steps}" if run.total_steps else str(step)
+
+
+def _reward_cell(metrics: dict) -> str:
+    reward = metrics.get("critic/score/mean", metrics.get("critic/rewards/mean"))
+    return "-" if not isinstance(reward, (int, float)) else f"{reward:.3f}"
 
 
 def summarize_metrics(metrics: dict) -> str:
@@ -267,6 +331,141 @@ def summarize_metrics(metrics: dict) -> str:
     if throughput is not None:
         parts.append(f"{throughput:,.0f} tok/s")
     return " · ".join(parts) or "metrics without step/reward"
+
+
+# --- what a run's files say: its log, its start, its size ---------------------------------------------------------
+
+def log_tail(run_dir: Path | str, names: tuple[str, ...] = (rundir.TRAIN_LOG, rundir.CONSOLE_LOG)) -> list[str]:
+    """The last lines of the first of these logs that is there: the trainer's console (train.log), else a local
+    launch's (console.log)."""
+    for name in names:
+        try:
+            with open(Path(run_dir) / name, "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
+                return log.read().decode(errors="replace").splitlines()
+        except OSError:
+            continue
+    return []
+
+
+def last_error(run_dir: Path | str, lines: list[str] | None = None) -> str:
+    """Why a run failed, as it said last: its last `error:` line (the runtime's one-line errors), else the last
+    line of a traceback; "" when its logs say neither. A local launch's console.log comes first: it also holds
+    what failed before the trainer opened train.log."""
+    lines = log_tail(run_dir, (rundir.CONSOLE_LOG, rundir.TRAIN_LOG)) if lines is None else lines
+    for line in reversed(lines):
+        if line.startswith("error: "):
+            return line
+    for index in range(len(lines) - 1, -1, -1):
+        if lines[index].startswith("Traceback (most recent call last)"):
+            return next((line for line in reversed(lines[index:]) if line.strip()), "")
+    return ""
+
+
+def total_steps(run_dir: Path | str, lines: list[str] | None = None) -> int | None:
+    """The steps the run trains in all, as its last progress line says ("step 3/40 | ..."); None before one."""
+    lines = log_tail(run_dir) if lines is None else lines
+    for line in reversed(lines):
+        match = _PROGRESS.match(line)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def started_at(run_dir: Path | str) -> str:
+    """When the run started (UTC, ISO 8601): as launch.json records it, else as its trainer's lock does."""
+    recorded = read_record(Path(run_dir)).get("started_at")
+    if recorded:
+        return recorded
+    try:
+        started = json.loads((Path(run_dir) / rundir.LOCK_FILE).read_text() or "{}").get("started")
+    except (OSError, ValueError, AttributeError):
+        started = None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)) if isinstance(started, (int, float)) else ""
+
+
+# --- direct runs: started by `python -m verl_runtime train`, without verl-deploy -------------------------------
+
+_TRAINER_FILES = (rundir.CONFIG_FILE, rundir.METRICS_FILE, rundir.LOCK_FILE, rundir.TRAIN_LOG, rundir.CHECKPOINTS_DIR)
+
+
+class UnknownRun(ValueError):
+    """RUN names no run directory (one line: what to do)."""
+
+
+def run_dir_of(run: str, runs_root: Path) -> Path:
+    """RUN as a run directory (resolved), for the commands that take either (report, export): a run id under the
+    runs root, taken as it is (a run just launched may have written nothing yet), else a path to a directory a run
+    wrote (is_run_dir), so that a mistyped path is never taken for a run; UnknownRun (one line) otherwise."""
+    runs_root = Path(runs_root)
+    if run and Path(run).name == run and run not in (".", "..") and (runs_root / run).is_dir():
+        return (runs_root / run).resolve()
+    path = Path(run).expanduser()
+    if is_run_dir(path):
+        return path.resolve()
+    raise UnknownRun(f"no run {run!r}: neither a run under {runs_root}/ (`verl-deploy runs` lists them) nor a run "
+                     "directory")
+
+
+def is_run_dir(path: Path) -> bool:
+    """A directory a run wrote: its launch record or one of its trainer's files."""
+    path = Path(path)
+    return path.is_dir() and any((path / name).exists() for name in (LAUNCH_RECORD, *_TRAINER_FILES))
+
+
+def is_direct_run(run_dir: Path) -> bool:
+    """A run directory the trainer wrote that no launcher recorded."""
+    run_dir = Path(run_dir)
+    return (not (run_dir / LAUNCH_RECORD).is_file()) and any((run_dir / name).exists() for name in _TRAINER_FILES)
+
+
+def target_of(run_dir: Path) -> str | None:
+    """The target a run directory belongs to: as launch.json records it, "direct" for the trainer's own, else None."""
+    return read_record(Path(run_dir)).get("target") or (DIRECT if is_direct_run(run_dir) else None)
+
+
+def direct_state(run_dir: Path) -> tuple[str, str]:
+    """(state, detail) of a direct run, from its trainer's lock (running) and what its log says at its last start."""
+    if trainer_holds(run_dir):
+        return "running", ""
+    lines = log_tail(run_dir)
+    starts = [i for i, line in enumerate(lines) if line.startswith(_STARTED)]
+    lines = lines[starts[-1]:] if starts else lines
+    for line in reversed(lines):
+        if any(mark in line for mark in _FINISHED):
+            return "succeeded", ""
+        if _STOPPED in line:
+            return "stopped", ""
+        if line.startswith(("error: ", "Traceback (most recent call last)")):
+            return "failed", last_error(run_dir, lines)
+    if not lines:
+        return "unknown", f"no {rundir.TRAIN_LOG} to tell how it went"
+    return "exited", "its trainer is gone and its log does not say how it ended (killed?)"
+
+
+def direct_run_ids(runs_root: Path) -> list[str]:
+    """Direct runs under the runs root, by name."""
+    if not Path(runs_root).is_dir():
+        return []
+    return sorted(p.name for p in Path(runs_root).iterdir() if p.is_dir() and is_direct_run(p))
+
+
+def existing_run(runs_root: Path, run_id: str) -> str | None:
+    """One line for a new run that would reuse run_id's directory (a launched run or a direct one), else None:
+    the trainer would silently resume it."""
+    run_dir = Path(runs_root) / run_id
+    record = read_record(run_dir)
+    if not record and not is_direct_run(run_dir):
+        return None
+    if record:
+        state = state_of(record.get("exit_code"), bool(record.get("stop_asked_at"))) if record.get("finished_at") else ""
+    else:
+        state = direct_state(run_dir)[0]
+    step, total = last_metrics(run_dir).get("step"), total_steps(run_dir)
+    said = [f"step {step}" + (f" of {total}" if total else "")] if step is not None else []
+    said += [state] if state and state != "unknown" else []
+    return (f"run {run_id} already exists under {runs_root}" + (f" ({', '.join(said)})" if said else "")
+            + f": `--resume {run_id}` continues it; --run-id NEW starts another")
 
 
 def local_run_ids(runs_root: Path, target: str | None = None) -> list[str]:
