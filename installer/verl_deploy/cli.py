@@ -88,13 +88,15 @@ def _launch_error(exc: Exception) -> typer.Exit:
 
 
 def _launcher(target: str | None, run_id: str | None, runs_dir: Path | None, namespace: str | None):
-    """The launcher of a run: the target recorded in its run directory, else the one asked for (docker)."""
+    """The launcher of a run: the one asked for, else the target of its run directory (recorded, or direct for a
+    run the trainer's entrypoint started), else docker."""
     from verl_deploy import runs
     from verl_deploy.launchers import get_launcher
 
     root = runs_dir or runs.default_runs_root()
     record = runs.read_record(root / run_id) if run_id else {}
-    return get_launcher(target or record.get("target", "docker"), root, namespace or record.get("namespace", "default"))
+    found = runs.target_of(root / run_id) if run_id else None
+    return get_launcher(target or found or "docker", root, namespace or record.get("namespace", "default"))
 
 
 @app.command()
@@ -104,7 +106,7 @@ def run(
         help="Training config (YAML), e.g. examples/quickstart.yaml (with --resume: the run's own by default), then "
              "config overrides as verl takes them (after --, e.g. -- trainer.total_epochs=2 "
              "actor_rollout_ref.actor.optim.lr=1e-6); without CONFIG: our defaults and the overrides. See docs/verl.md."),
-    target: str = typer.Option(None, "--target", "-t", help="local | docker | k8s (default: docker; with --resume: the run's)."),
+    target: str = typer.Option(None, "--target", "-t", help="local | docker | k8s | slurm (default: docker; with --resume: the run's)."),
     gpus: str = typer.Option(None, "--gpus", help="all, a count (2), indices (0,1) or UUIDs (GPU-...)."),
     image: str = typer.Option(None, "--image", help="Image to run (default: the variant's local tag)."),
     variant: str = typer.Option(None, "--variant", help="Image variant (docker/variants.yaml) (default: cpu, or doctor's choice with --gpus)."),
@@ -134,14 +136,20 @@ def run(
     detach: bool = typer.Option(False, "--detach", "-d", help="Start and return; follow with `verl-deploy logs -f RUN`."),
     runtime: str = typer.Option(None, "--runtime", help="verl-deploy (this project's trainer, the default) or verl: upstream verl's main_ppo in its image, with the overrides as verl takes them (docs/verl-runtime.md)."),
     no_plan: bool = typer.Option(False, "--no-plan", help="Skip the memory pre-flight (`verl-deploy plan`) that refuses a run which cannot fit."),
+    partition: str = typer.Option(None, "--partition", help="slurm: the partition (default: the cluster's)."),
+    account: str = typer.Option(None, "--account", help="slurm: the account the job is charged to."),
+    time_limit: str = typer.Option(None, "--time", help="slurm: the job's time limit, e.g. 4:00:00 or 2-00:00:00."),
+    container: str = typer.Option(None, "--container", help="slurm: how nodes run the trainer: none (this venv, on shared storage) | docker | apptainer | pyxis (default: none; docs/slurm.md)."),
 ) -> None:
-    """Train with CONFIG on this host (local), in a container (docker) or on a cluster (k8s)."""
+    """Train with CONFIG on this host (local), in a container (docker) or on a cluster (k8s, slurm)."""
     import dataclasses
     import os
 
     from verl_deploy import runs
     from verl_deploy.launchers import LaunchError, cluster_variant, default_image, ensure_default_image, get_launcher
-    from verl_deploy.launchers.jobspec import build_spec, cluster_options, gpus_of, parse_env, verl_world, world_of
+    from verl_deploy.launchers.jobspec import (
+        build_spec, check_paths, cluster_options, gpus_of, parse_env, verl_world, world_of,
+    )
 
     root = runs_dir or runs.default_runs_root()
     try:
@@ -159,9 +167,8 @@ def run(
         elif config is None and not overrides:
             raise ValueError("which config? `verl-deploy run CONFIG` (e.g. examples/quickstart.yaml), "
                              "`verl-deploy run -- KEY=VALUE ...` (verl's overrides on our defaults), or --resume RUN")
-        elif run_id and runs.read_record(root / run_id):
-            raise ValueError(f"run {run_id} already exists under {root}: `--resume {run_id}` continues it, or choose "
-                             "another --run-id")
+        elif run_id and (taken := runs.existing_run(root, run_id)):
+            raise ValueError(taken)  # the trainer would resume it silently
         target = target or "docker"
         if runtime != DEFAULT_RUNTIME and target == "local":
             raise LaunchError(f"--runtime {runtime} runs in its image: use --target docker or --target k8s")
@@ -193,9 +200,15 @@ def run(
             **volumes, storage_class=storage_class, env=extra_env, namespace=namespace, runtime=runtime,
             cluster=cluster,
         )
+        check_paths(spec, target)  # data, reward and model files, before an image is built or anything started
         if not no_plan:
             _preflight(spec, overrides, target, gpus, nodes)
-        launcher = get_launcher(target, root, namespace)
+        slurm = None
+        if target == "slurm":
+            from verl_deploy.launchers.slurm import SlurmOptions
+
+            slurm = SlurmOptions(partition=partition, account=account, time=time_limit, container=container)
+        launcher = get_launcher(target, root, namespace, slurm=slurm)
         if build_image:  # only once the config and flags are known to be good: a build takes minutes
             spec = dataclasses.replace(spec, image=ensure_default_image(variant, runtime))
         if spec.upstream:
@@ -212,6 +225,12 @@ def run(
             typer.echo(f"run {spec.run_id} started ({target}); follow it: verl-deploy logs -f {spec.run_id}", err=True)
     except (LaunchError, ValueError) as exc:
         raise _launch_error(exc) from None
+    except OSError as exc:
+        if exc.filename is None:  # not a file of ours (a connection's error): not ours to explain
+            raise
+        from verl_deploy.launchers.jobspec import launch_fault
+
+        raise _launch_error(launch_fault(exc)) from None  # a host write no launcher explained (note_resume's, ...)
     if not detach:
         typer.echo(f"run {spec.run_id} ended with exit code {code}; run directory: {spec.run_dir}", err=True)
     raise typer.Exit(code)
@@ -356,8 +375,9 @@ def status(
     typer.echo(f"  run dir: {found.run_dir}")
     if found.checkpoints:
         typer.echo(f"  checkpoints: {', '.join(found.checkpoints)}")
+    then = "a resume passes over it" if found.checkpoints else "no checkpoint is left to resume from"
     for name, why in found.unusable_checkpoints.items():
-        typer.echo(f"  warning: checkpoint {name} is unusable ({why}): a resume passes over it")
+        typer.echo(f"  warning: checkpoint {name} is unusable ({why}): {then}")
     if found.detail:
         typer.echo(f"  {found.detail}")
 
@@ -402,6 +422,76 @@ def stop(
     typer.echo(said or f"stopped {run_id}")
 
 
+@app.command()
+def report(
+    run_ids: list[str] = typer.Argument(..., metavar="RUN", help="Run ids under the runs directory, or run directories."),
+    out: Path = typer.Option(Path("report"), "--out", "-o", help="Where index.html and the PNGs go."),
+    runs_dir: Path = _RUNS_DIR_OPTION,
+) -> None:
+    """Chart runs' metrics, overlaid, as one self-contained HTML page and PNGs.
+
+    Score, KL, entropy, length, grad norm, throughput, time per phase, validation (docs/metrics.md)."""
+    from verl_deploy import runs
+    from verl_deploy.report import ReportError, find_runs, write_report
+
+    try:
+        written = write_report(find_runs(run_ids, runs_dir or runs.default_runs_root()), out)
+    except ReportError as exc:
+        raise _launch_error(exc) from None
+    skipped = f" (no data for: {', '.join(written.skipped)})" if written.skipped else ""
+    typer.echo(f"wrote {written.page}: {len(written.charts)} charts{skipped}; open it in a browser")
+
+
+@app.command()
+def export(
+    run_id: str = typer.Argument(..., help="The run: its id under the runs directory, or a run directory's path."),
+    out: Path = typer.Option(None, "--out", "-o", help="The model directory to write (new or empty); a Kubernetes run's goes on its claim (runs/RUN/hf/step_N), not here."),
+    step: int = typer.Option(None, "--step", help="The checkpoint's step (default: the newest usable)."),
+    dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: the base model's)."),
+    max_shard_size: str = typer.Option(None, "--max-shard-size", help="Largest safetensors shard, e.g. 2GB (default: 5GB)."),
+    image: str = typer.Option(None, "--image", help="Export in this image (default: the run's, where this Python has no torch)."),
+    in_image: bool = typer.Option(None, "--in-image/--on-host", help="Run the export in the run's image, or here (default: here when torch is installed)."),
+    push_to_hub: str = typer.Option(None, "--push-to-hub", help="Then upload it to this Hub repository (org/name); the token: $HF_TOKEN or .secrets/HF_TOKEN."),
+    private: bool = typer.Option(False, "--private", help="Create the Hub repository private."),
+    runs_dir: Path = _RUNS_DIR_OPTION,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the command (a Kubernetes run: the Job) that would export; write nothing."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="A Kubernetes run: create the export Job and return without waiting."),
+) -> None:
+    """Write a run's checkpoint as a Hugging Face model directory (config, safetensors, tokenizer, generation
+    config) that transformers, vLLM and the Hub load."""
+    from verl_deploy import runs
+    from verl_deploy.export import hub_token, plan_export, push_to_hub as push, run_export
+    from verl_deploy.launchers import LaunchError, k8s_export
+    from verl_deploy.launchers.k8s import Cluster
+
+    try:
+        run_dir = runs.run_dir_of(run_id, runs_dir or runs.default_runs_root())
+        if k8s_export.on_cluster(run_dir):  # its checkpoints are on its claim: a Job exports them there
+            cluster_plan = k8s_export.plan(run_dir, step=step, dtype=dtype, max_shard_size=max_shard_size, out=out,
+                                           image=image, push_to_hub=push_to_hub)
+            if dry_run:
+                typer.echo(cluster_plan.dry_run(), nl=False)
+                return
+            k8s_export.run(cluster_plan, Cluster(), detach=detach, echo=typer.echo)
+            return
+        plan = plan_export(run_dir, out, step=step, dtype=dtype, max_shard_size=max_shard_size, image=image,
+                           in_image=in_image)
+        if dry_run:
+            typer.echo(plan.describe())
+            return
+        if push_to_hub:
+            hub_token()  # a missing token is said now, not after the export
+        code = run_export(plan, echo=lambda text, end="": typer.echo(text, nl=False, err=True))
+        if code:
+            raise typer.Exit(code)
+        typer.echo(f"model directory {plan.out}: AutoModelForCausalLM.from_pretrained(\"{plan.out}\") or "
+                   f"`vllm serve {plan.out}` load it")
+        if push_to_hub:
+            typer.echo(f"pushed to {push(plan.out, push_to_hub, private)}")
+    except (LaunchError, runs.UnknownRun) as exc:
+        raise _launch_error(exc) from None
+
+
 # `runs` lists; `runs rm RUN` removes. A sub-app whose callback lists when no command follows keeps `verl-deploy runs
 # [--target ...]` as it was.
 runs_app = typer.Typer(help="List runs; `runs rm RUN` removes one.")
@@ -411,7 +501,7 @@ app.add_typer(runs_app, name="runs")
 @runs_app.callback(invoke_without_command=True)
 def runs_(
     ctx: typer.Context,
-    target: str = typer.Option(None, "--target", "-t", help="Only this target (default: local and docker)."),
+    target: str = typer.Option(None, "--target", "-t", help="Only this target (default: local, docker and direct: runs `python -m verl_runtime train` started)."),
     namespace: str = typer.Option(None, "--namespace", "-n"),
     runs_dir: Path = _RUNS_DIR_OPTION,
     json_output: bool = typer.Option(False, "--json", help="Print as JSON."),
@@ -426,21 +516,21 @@ def _list_runs(target: str | None, namespace: str | None, runs_dir: Path | None,
 
     from verl_deploy.launchers import LaunchError
 
+    from verl_deploy.runs import DIRECT, runs_table
+
     found = []
-    for name in [target] if target else ["local", "docker"]:
+    for name in [target] if target else ["local", "docker", "slurm", DIRECT]:
         try:
             found += _launcher(name, None, runs_dir, namespace).list()
         except LaunchError as exc:
             if target:
                 raise _launch_error(exc) from None
             typer.echo(f"warning: {name} runs not listed: {exc}", err=True)
+    found.sort(key=lambda r: r.started, reverse=True)  # newest first; those of unknown start last
     if json_output:
         typer.echo(json.dumps([r.to_json() for r in found], indent=2))
         return
-    for r in found:
-        typer.echo(f"{r.run_id}  {r.target}  {r.state}  {r.progress}")
-    if not found:
-        typer.echo("no runs")
+    typer.echo(runs_table(found) if found else "no runs")
 
 
 def _interactive() -> bool:
