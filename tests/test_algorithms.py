@@ -469,8 +469,9 @@ def test_get_kl_controller_reads_verls_config_keys():
 def test_the_names_config_accepts_are_the_names_implemented_here():
     from verl_runtime import config
 
-    untrainable = {"remax", "gdpo", "optimal_token_baseline", "tir_optimal_token_baseline"}  # see config.ADV_ESTIMATORS
+    untrainable = {"gdpo"}  # see config.ADV_ESTIMATORS
     assert set(config.ADV_ESTIMATORS) == set(A.ADV_ESTIMATORS) - untrainable
+    assert set(config.POLICY_LOSSES) == set(A.POLICY_LOSS_REGISTRY)
     assert set(config.LOSS_AGG_MODES) == set(A.LOSS_AGG_MODES)
     for name in config.KL_PENALTIES:
         A.kl_penalty(T([0.1]), T([0.0]), name)

@@ -79,7 +79,7 @@ def test_every_verl_key_is_ours_or_has_a_rule():
 
 
 def test_every_rule_is_for_some_verl_key():
-    keys = verl_keys.verl_keys()
+    keys = verl_keys.verl_keys() | set(verl_keys.ADDED_KEYS)
     dead = [rule.pattern for rule in verl_keys.RULES if not any(rule.matches(key) for key in keys)]
     assert not dead, dead
 
@@ -160,10 +160,9 @@ def test_keys_without_effect_warn_in_one_line(capsys):
 
 @pytest.mark.parametrize("override, message", [
     ("trainer.critic_warmup=5", "trainer.critic_warmup=5 in --set is refused: the actor is updated from the first step here (accepted: 0)"),
-    ("actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "only the vanilla PPO clip loss is here"),
-    ("trainer.resume_from_path=/ckpt/global_step_10", "resuming from a given checkpoint is not here"),
-    ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "the learning rate is constant here"),
-    ("actor_rollout_ref.model.lora_rank=8", "LoRA is not here"),
+    ("actor_rollout_ref.actor.optim.optimizer=SGD", "the optimizer is AdamW here"),
+    ("trainer.resume_mode=resume_path", "resuming from a given checkpoint is not here"),
+    ("critic.model.lora_rank=8", "LoRA on the critic is not here"),
     ("algorithm.use_pf_ppo=true", "PF-PPO"),
 ])
 def test_keys_that_would_change_results_are_refused_in_one_line(override, message):
@@ -174,7 +173,7 @@ def test_keys_that_would_change_results_are_refused_in_one_line(override, messag
 
 def test_refused_keys_at_our_values_pass_silently(capsys):
     load_config(None, ["trainer.critic_warmup=0", "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
-                       "trainer.resume_from_path=null", "actor_rollout_ref.actor.optim.betas=[0.9,0.999]"])
+                       "actor_rollout_ref.actor.optim.betas=[0.9,0.999]"])
     assert capsys.readouterr().err == ""
 
 

@@ -103,6 +103,11 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return _entropy(log_p.exp(), log_p)
 
 
+def calculate_sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """sum over the vocabulary of p^2 at each position, (..., vocab) -> (...): the optimal token baselines' input."""
+    return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * torch.logsumexp(logits, dim=-1))
+
+
 def _picked(log_p: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return log_p.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
@@ -424,7 +429,7 @@ def compute_remax_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al. 2023): return-to-go minus the reward of a greedy response to the same prompt.
 
-    The maths is here; the trainer does not generate the greedy baseline, so compute_advantage refuses it.
+    The trainer's fit() generates the greedy baselines (SingleControllerTrainer.greedy_baselines), as verl's does.
     """
     returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
     advantages = returns - reward_baselines.unsqueeze(-1) * response_mask
@@ -546,7 +551,7 @@ def compute_optimal_token_baseline_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Optimal token baseline: a per-timestep baseline B_t = sum(G_t W_t) / sum(W_t) over the group, with
     W_t the cumulative sum of 1 - 2 pi_j + sum(pi^2) (times the squared IS weights if given).
-    `sum_pi_squared` is the actor's sum over the vocabulary of p^2 at each token; the trainer does not compute it.
+    `sum_pi_squared` is the actor's sum over the vocabulary of p^2 at each token (calculate_sum_pi_squared_from_logits).
     """
     returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
     w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
@@ -638,10 +643,15 @@ def compute_advantage(
     norm_adv_by_std_in_grpo: bool = True,
     reward_baselines: torch.Tensor | None = None,
     config: Any = None,
+    old_log_probs: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Call the registered estimator with the inputs it needs, as verl's ray_trainer.compute_advantage does:
     GAE gets gamma and lam, GRPO gets norm_adv_by_std_in_grpo, every other estimator gets `config` (built from
-    gamma/lam/norm_adv_by_std_in_grpo when not given), `index` and `reward_baselines` when there are any.
+    gamma/lam/norm_adv_by_std_in_grpo when not given), `index` and `reward_baselines` when there are any, and the
+    optimal token baselines the actor's `old_log_probs` and `sum_pi_squared` (and the rollout correction's
+    `rollout_is_weights`, where there are any).
     """
     name = _name(adv_estimator)
     fn = get_adv_estimator_fn(name)
@@ -653,11 +663,10 @@ def compute_advantage(
     if "index" in params and params["index"].default is inspect.Parameter.empty and index is None:
         raise ValueError(f"adv_estimator {name!r} needs `index`, the group id of each row")
     if "reward_baselines" in params and reward_baselines is None:
-        raise ValueError(f"adv_estimator {name!r} needs reward_baselines (a greedy generation per prompt), "
-                         "which this trainer does not make")
-    if "sum_pi_squared" in params:
-        raise ValueError(f"adv_estimator {name!r} needs the actor's sum_pi_squared and old_log_probs, "
-                         "which this trainer does not compute")
+        raise ValueError(f"adv_estimator {name!r} needs reward_baselines (the reward of a greedy generation per "
+                         "prompt), which the trainer makes in fit() but step() cannot: its samples come generated")
+    if "sum_pi_squared" in params and (sum_pi_squared is None or old_log_probs is None):
+        raise ValueError(f"adv_estimator {name!r} needs the actor's sum_pi_squared and old_log_probs")
     if name == "grpo":
         return fn(token_level_rewards, response_mask, index, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
     kwargs: dict[str, Any] = {
@@ -669,6 +678,8 @@ def compute_advantage(
         kwargs["index"] = index
     if reward_baselines is not None:
         kwargs["reward_baselines"] = reward_baselines
+    if "sum_pi_squared" in params:
+        kwargs.update(old_log_probs=old_log_probs, sum_pi_squared=sum_pi_squared, rollout_is_weights=rollout_is_weights)
     return fn(**kwargs)
 
 
@@ -850,6 +861,216 @@ def compute_policy_loss_vanilla(
     metrics = {"actor/pg_clipfrac": clipfrac.item(), "actor/ppo_kl": ppo_kl.item(),
                "actor/pg_clipfrac_lower": clipfrac_lower.item()}
     return pg_loss, metrics
+
+
+def _clip_range(config: Any) -> tuple[float, float]:
+    """(clip_ratio_low, clip_ratio_high) of the actor config, each clip_ratio where unset."""
+    clip_ratio = _config_value(config, "clip_ratio")
+    low, high = _config_value(config, "clip_ratio_low"), _config_value(config, "clip_ratio_high")
+    return (clip_ratio if low is None else low), (clip_ratio if high is None else high)
+
+
+def _policy_loss_value(config: Any, key: str, default: float) -> float:
+    """config.policy_loss.<key> (verl's PolicyLossConfig), `default` where unset."""
+    value = _config_value(_config_value(config, "policy_loss"), key)
+    return default if value is None else value
+
+
+def _aggregate(pg_losses: torch.Tensor, response_mask: torch.Tensor, loss_agg_mode: str, config: Any,
+               rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """Weight by the rollout-correction weights, if any, and aggregate over the global batch (config's totals)."""
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    return agg_loss(pg_losses, response_mask, loss_agg_mode, **(_config_value(config, "global_batch_info") or {}))
+
+
+def _clip_metrics(clipfrac: torch.Tensor, ppo_kl: torch.Tensor, clipfrac_lower: torch.Tensor) -> dict[str, float]:
+    return {"actor/pg_clipfrac": clipfrac.item(), "actor/ppo_kl": ppo_kl.item(),
+            "actor/pg_clipfrac_lower": clipfrac_lower.item()}
+
+
+def _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, divergence):
+    """DPPO-Binary (arXiv:2602.04879): a REINFORCE term, truncated-IS weighted, masked where the policy moved past the
+    divergence bound (clip_ratio_low/high are that bound here, not a ratio clip)."""
+    low, high = _clip_range(config)
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    ppo_kl = masked_mean(-log_ratio, response_mask)
+    clip_ratio_c = _config_value(config, "clip_ratio_c", 20.0)
+    truncated_ratio = torch.clamp(ratio, max=clip_ratio_c).detach()
+    prob, old_prob = torch.exp(log_prob), torch.exp(old_log_prob)
+    if divergence == "tv":
+        positive_ok, negative_ok = (prob - old_prob) <= high, (prob - old_prob) >= -low
+    else:  # the binary KL between old and new probability of the token
+        binary_kl = old_prob * (old_log_prob - log_prob) + (1 - old_prob) * torch.log(
+            (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
+        positive_ok, negative_ok = (binary_kl <= high) | (prob <= old_prob), (binary_kl <= low) | (prob >= old_prob)
+    valid = torch.where(advantages > 0, positive_ok, negative_ok).detach().float()
+    pg_losses = -advantages * truncated_ratio * log_prob * valid
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    clipfrac = masked_mean(1.0 - valid, response_mask)
+    clipfrac_lower = masked_mean((ratio > clip_ratio_c).float() * valid, response_mask)
+    return pg_loss, _clip_metrics(clipfrac, ppo_kl, clipfrac_lower)
+
+
+@register_policy_loss("dppo_tv")
+def compute_policy_loss_dppo_tv(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                config=None, rollout_is_weights=None):
+    """DPPO-Binary-TV: tokens whose probability moved by more than the bound (total variation) get no gradient."""
+    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, "tv")
+
+
+@register_policy_loss("dppo_kl")
+def compute_policy_loss_dppo_kl(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                config=None, rollout_is_weights=None):
+    """DPPO-Binary-KL: as dppo_tv with the binary KL of the token's probability as the divergence."""
+    return _dppo_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights, "kl")
+
+
+@register_policy_loss("gspo")
+def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean",
+                             config=None, rollout_is_weights=None):
+    """GSPO (arXiv:2507.18071): PPO's clip on the sequence-level ratio exp(mean log-ratio of the sequence), with each
+    token's gradient through its own log-prob. As verl, no dual clip; pg_clipfrac_lower is 0."""
+    low, high = _clip_range(config)
+    log_ratio = log_prob - old_log_prob
+    seq_log_ratio = masked_sum(log_ratio, response_mask, axis=-1) / response_mask.sum(dim=-1).clamp(min=1)
+    seq_ratio = torch.exp(torch.clamp(log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1), max=10.0))
+    unclipped = -advantages * seq_ratio
+    clipped = -advantages * torch.clamp(seq_ratio, 1 - low, 1 + high)
+    pg_loss = _aggregate(torch.maximum(unclipped, clipped), response_mask, loss_agg_mode, config, rollout_is_weights)
+    clipfrac = masked_mean(torch.gt(clipped, unclipped).float(), response_mask)
+    return pg_loss, _clip_metrics(clipfrac, masked_mean(-log_ratio, response_mask), torch.tensor(0.0))
+
+
+@register_policy_loss("sapo")
+def compute_policy_loss_sapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean",
+                             config=None, rollout_is_weights=None):
+    """SAPO (arXiv:2511.20347): a smooth sigmoid gate on the ratio instead of a clip, temperature tau_pos for positive
+    advantages and tau_neg otherwise. As verl, always aggregated seq-mean-token-mean (loss_agg_mode is not read)."""
+    tau_pos = torch.as_tensor(_config_value(config, "tau_pos"), dtype=advantages.dtype, device=advantages.device)
+    tau_neg = torch.as_tensor(_config_value(config, "tau_neg"), dtype=advantages.dtype, device=advantages.device)
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    taus = torch.where(advantages > 0, tau_pos, tau_neg)
+    gates = torch.sigmoid(taus * (torch.exp(log_ratio) - 1.0)) * (4.0 / taus)
+    pg_loss = _aggregate(-gates * advantages, response_mask, "seq-mean-token-mean", config, rollout_is_weights)
+    zero = torch.tensor(0.0)
+    return pg_loss, _clip_metrics(zero, masked_mean(-log_ratio, response_mask), zero)
+
+
+@register_policy_loss("gpg")
+def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                            config=None, rollout_is_weights=None):
+    """GPG (Chu et al. 2025): plain policy gradient, -A * log pi, no ratio and no clip; no metrics."""
+    return _aggregate(-log_prob * advantages, response_mask, loss_agg_mode, config, rollout_is_weights), {}
+
+
+@register_policy_loss("clip_cov")
+def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                 config=None, rollout_is_weights=None):
+    """Clip-Cov (arXiv:2505.22617): PPO's clip, plus no gradient for a random clip_cov_ratio share of the tokens whose
+    covariance of advantage and log-prob lies in (clip_cov_lb, clip_cov_ub). Draws from torch's global generator."""
+    clip_cov_ratio = _policy_loss_value(config, "clip_cov_ratio", 0.0002)
+    clip_cov_lb = _policy_loss_value(config, "clip_cov_lb", 1.0)
+    clip_cov_ub = _policy_loss_value(config, "clip_cov_ub", 5.0)
+    if clip_cov_ratio <= 0:
+        raise ValueError(f"policy_loss.clip_cov_ratio must be larger than 0, got {clip_cov_ratio}")
+    low, high = _clip_range(config)
+    log_ratio = log_prob - old_log_prob
+    ratio = torch.exp(log_ratio)
+    ppo_kl = masked_mean(-log_ratio, response_mask)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
+    clipped_by_ppo = (clipped > unclipped) & (response_mask > 0)
+    cov = (advantages - masked_mean(advantages, response_mask)) * (log_prob - masked_mean(log_prob.detach(), response_mask))
+    cov[response_mask == 0] = -torch.inf
+    cov[clipped_by_ppo] = -torch.inf
+    clip_num = max(int(clip_cov_ratio * response_mask.sum().item()), 1)
+    candidates = torch.nonzero((cov < clip_cov_ub) & (cov > clip_cov_lb) & (response_mask > 0))
+    if len(candidates) > 0:
+        candidates = candidates[torch.randperm(len(candidates))[: min(clip_num, len(candidates))]]
+    corr = torch.ones_like(advantages)
+    corr[candidates[:, 0], candidates[:, 1]] = 0
+    pg_loss = _aggregate(torch.maximum(unclipped, clipped) * corr, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return pg_loss, {"actor/pg_clipfrac": masked_mean((corr == 0).float(), response_mask).item(),
+                     "actor/ppo_kl": ppo_kl.item()}
+
+
+@register_policy_loss("kl_cov")
+def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                               config=None, rollout_is_weights=None):
+    """KL-Cov (arXiv:2505.22617): the unclipped surrogate, plus ppo_kl_coef * |log-ratio| on the kl_cov_ratio share
+    of tokens with the largest covariance of advantage and log-prob. actor/ppo_kl is the mean |log-ratio| here."""
+    kl_cov_ratio = _policy_loss_value(config, "kl_cov_ratio", 0.0002)
+    ppo_kl_coef = _policy_loss_value(config, "ppo_kl_coef", 1.0)
+    if kl_cov_ratio <= 0:
+        raise ValueError(f"policy_loss.kl_cov_ratio must be larger than 0, got {kl_cov_ratio}")
+    log_ratio = log_prob - old_log_prob
+    ratio = torch.exp(log_ratio)
+    pg_losses = -advantages * ratio
+    with_kl = pg_losses + ppo_kl_coef * log_ratio.abs()
+    valid = response_mask > 0
+    flat_valid = torch.nonzero(valid.reshape(-1), as_tuple=True)[0]
+    adv, logp = advantages[valid].detach().reshape(-1).cpu(), log_prob[valid].detach().reshape(-1).cpu()
+    if len(adv):  # verl: k = min(kl_cov_ratio, n) != 0
+        cov = (adv - adv.mean()) * (logp - logp.mean())
+        top = flat_valid[torch.topk(cov, max(1, int(len(cov) * kl_cov_ratio)), largest=True).indices]
+        rows, cols = top // advantages.shape[1], top % advantages.shape[1]
+        pg_losses[rows, cols] = with_kl[rows, cols]
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return pg_loss, {"actor/ppo_kl": masked_mean(log_ratio.abs(), response_mask).item()}
+
+
+@register_policy_loss("geo_mean")
+def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                                 config=None, rollout_is_weights=None):
+    """GMPO (arXiv:2507.20673): the geometric mean of the clipped token ratios of each sequence times its mean
+    advantage, averaged over the (micro-)batch's rows as verl does (loss_agg_mode is not read)."""
+    low, high = _clip_range(config)
+    log_ratio = log_prob - old_log_prob
+    ppo_kl = masked_mean(-log_ratio, response_mask)
+    sign = torch.sign(advantages)
+    log_ratio_clamped = torch.clamp(log_ratio, -low, high)
+    log_ratio_min = sign * torch.min(sign * log_ratio, sign * log_ratio_clamped)
+    lengths = response_mask.sum(dim=-1)
+    ratio = torch.exp((log_ratio_min * response_mask).sum(dim=-1) / (lengths + 1e-8))
+    advantage = (advantages * response_mask).sum(dim=-1) / (lengths + 1e-8)
+    pg_losses = -advantage * ratio
+    if rollout_is_weights is not None:  # their geometric mean per sequence
+        pg_losses = pg_losses * torch.exp(
+            (torch.log(rollout_is_weights + 1e-10) * response_mask).sum(dim=-1) / (lengths + 1e-8))
+    clipped = torch.ne(log_ratio, log_ratio_clamped)
+    clipfrac = masked_mean((clipped * (advantages > 0)).float(), response_mask)
+    clipfrac_lower = masked_mean((clipped * (advantages < 0)).float(), response_mask)
+    return torch.mean(pg_losses), _clip_metrics(clipfrac, ppo_kl, clipfrac_lower)
+
+
+@register_policy_loss("dro")
+def compute_policy_loss_dro(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                            config=None, rollout_is_weights=None):
+    """Direct Reward Optimization: -(A * log pi - dro_beta / 2 * log-ratio^2)."""
+    beta = _config_value(_config_value(config, "policy_loss"), "dro_beta")
+    if beta is None or beta <= 0:
+        raise ValueError("policy_loss.dro_beta must be a positive value when using DRO")
+    log_ratio = log_prob - old_log_prob
+    pg_losses = -(log_prob * advantages - 0.5 * beta * log_ratio.square())
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    return pg_loss, {"actor/ppo_kl": masked_mean(-log_ratio, response_mask).item()}
+
+
+@register_policy_loss("cispo")
+def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                              config=None, rollout_is_weights=None):
+    """CISPO (arXiv:2506.13585): -sg(clip(ratio)) * A * log pi: the clipped ratio only weights, every token keeps
+    its gradient. pg_clipfrac_lower is 0."""
+    low, high = _clip_range(config)
+    log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    ratio = torch.exp(log_ratio)
+    clipped_ratio = torch.clamp(ratio, 1 - low, 1 + high)
+    pg_losses = -clipped_ratio.detach() * advantages * log_prob
+    pg_loss = _aggregate(pg_losses, response_mask, loss_agg_mode, config, rollout_is_weights)
+    clipfrac = masked_mean((ratio != clipped_ratio).float(), response_mask)
+    return pg_loss, _clip_metrics(clipfrac, masked_mean(-log_ratio, response_mask), torch.tensor(0.0))
 
 
 def compute_value_loss(

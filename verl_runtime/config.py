@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import sys
 import types
 import typing
@@ -21,15 +22,22 @@ from typing import Any, Union
 
 import yaml
 
-from verl_runtime import verl_keys
+from verl_runtime import rollout_thresholds, verl_keys
 from verl_runtime.errors import ConfigError
 
 ALGORITHMS = ("ppo", "grpo", "rloo", "reinforce_plus_plus")
 # The names of verl_runtime.algorithms' registries the trainer can run (torch-free here, so the host can check a
-# config; tests/test_algorithms.py holds them equal). Not here: remax (a greedy baseline generation per prompt),
-# gdpo (several reward components), the optimal-token baselines (the actor's sum of p^2): this trainer makes none.
+# config; tests/test_algorithms.py holds them equal). remax takes a greedy baseline generation per prompt in fit()
+# (not in step(), which generates nothing); the optimal token baselines the actor's sum of p^2. Not here: gdpo
+# (several reward components per sample), which the reward functions here do not return.
 ADV_ESTIMATORS = ("gae", "grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
-                  "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+                  "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "optimal_token_baseline",
+                  "tir_optimal_token_baseline")
+# algorithms.POLICY_LOSS_REGISTRY's names (tests/test_algorithms.py holds them equal) and the LR schedules
+# (workers/optim.py): actor.policy_loss.loss_mode, *.lr_scheduler_type
+REWARD_MANAGERS = ("naive", "dapo")  # reward.manager: verl's managers this runtime has (rewards/managers.py)
+POLICY_LOSSES = ("vanilla", "gspo", "sapo", "cispo", "gpg", "geo_mean", "dppo_tv", "dppo_kl", "clip_cov", "kl_cov", "dro")
+LR_SCHEDULER_TYPES = ("constant", "cosine")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum")
 KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k2+", "k3+", "low_var_kl+")
 
@@ -54,6 +62,17 @@ class ModelConfig:
     pretrained_model_name_or_path: str = "builtin:tiny"  # a local HF directory, or builtin:tiny
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16
     gradient_checkpointing: bool = False
+    # LoRA on the actor (verl_runtime/lora.py; verl's actor_rollout_ref.model.*): on when lora_rank > 0 or an adapter
+    # to continue from is given (its own rank and targets then apply)
+    lora_rank: int = 0  # 0: off, every weight trains
+    lora_alpha: int = 16  # scaling = lora_alpha / lora_rank
+    target_modules: str | list[str] = "all-linear"  # peft's: all-linear, a list of module names, or a regex
+    exclude_modules: str | list[str] | None = None
+    lora_adapter_path: str | None = None  # a peft adapter directory (or Hub id) to continue training
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.lora_rank > 0 or self.lora_adapter_path is not None
 
     @property
     def path(self) -> str:
@@ -65,10 +84,30 @@ class ModelConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    # verl's actor.policy_loss: the loss (algorithms.POLICY_LOSS_REGISTRY) and the settings of some modes
+    loss_mode: str = "vanilla"  # vanilla (PPO's clip) | gspo | sapo | cispo | gpg | geo_mean | dppo_tv | dppo_kl | clip_cov | kl_cov | dro
+    clip_cov_ratio: float = 0.0002  # clip_cov: share of tokens whose gradient is cut
+    clip_cov_lb: float = 1.0  # clip_cov: covariance bounds of the candidates
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002  # kl_cov: share of tokens given the KL term
+    ppo_kl_coef: float = 0.1  # kl_cov: its coefficient
+    dro_beta: float | None = None  # dro: the log-ratio penalty (required there)
+
+
+@dataclass
 class ActorConfig:
     lr: float = 1e-6
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    # The optimizer (AdamW) and learning-rate schedule, verl's optim.* (workers/optim.py); the same keys in critic.
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = -1  # linear warm-up from 0 over this many steps; <= 0: lr_warmup_steps_ratio x total steps
+    lr_warmup_steps_ratio: float = 0.0
+    lr_scheduler_type: str = "constant"  # constant | cosine (to min_lr_ratio x lr at the last step)
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5  # cosine waves over the run (0.5: one half-wave down)
+    zero_indexed_step: bool = True  # cosine: false counts steps from 1 (torchtitan's)
     ppo_epochs: int = 1
     ppo_mini_batch_size: int | None = None  # prompts per optimizer step; None: data.batch_size (one update per step)
     ppo_micro_batch_size_per_gpu: int | None = None  # samples per forward/backward; None: the whole mini-batch
@@ -81,6 +120,9 @@ class ActorConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    tau_pos: float = 1.0  # sapo: gate temperature for positive advantages
+    tau_neg: float = 1.05  # sapo: and for the others
     strategy: str = "dp"  # with several workers: dp (each holds the whole model) | fsdp (FSDP2 shards it across them)
 
 
@@ -90,6 +132,13 @@ class CriticConfig:
     lr: float = 1e-5
     weight_decay: float = 0.01
     grad_clip: float = 1.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # these six: as in actor
+    lr_warmup_steps: int = -1
+    lr_warmup_steps_ratio: float = 0.0
+    lr_scheduler_type: str = "constant"
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+    zero_indexed_step: bool = True
     cliprange_value: float = 0.5
     ppo_micro_batch_size_per_gpu: int | None = None
     loss_agg_mode: str = "token-mean"
@@ -99,6 +148,16 @@ class CriticConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 16
+
+
+@dataclass
+class ValKwargsConfig:
+    # verl's rollout.val_kwargs: how validation samples. As in verl 0.9.1's rollout, the temperature decides: 0 is
+    # greedy, one response per prompt repeated n times; above 0, n samples per prompt (val-core .../best@N, maj@N).
+    n: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
 
 
 @dataclass
@@ -117,12 +176,31 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     tensor_model_parallel_size: int = 1
     enable_sleep_mode: bool = True
+    # verl's name: the engine's own log-probs of its samples go to the trainer, where algorithm.rollout_correction
+    # uses them (off, as in verl: the correction then does nothing). rollout/logprob_diff is logged either way.
+    calculate_log_probs: bool = False
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+
+
+@dataclass
+class OverlongBufferConfig:
+    # verl's reward_kwargs.overlong_buffer_cfg (reward.manager=dapo): responses longer than max_resp_len - len tokens
+    # lose up to penalty_factor, linearly over the last len tokens; log adds overlong_reward and overlong to the
+    # reward's extra information (validation reports them under val-aux/)
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 1.0
+    log: bool = False
 
 
 @dataclass
 class RewardConfig:
     function: str | None = None  # "path/to/file.py:fn" with verl's signature; None: the built-in scorers
     model_path: str | None = None  # a sequence-classification reward model directory, used instead of a function
+    # verl's reward manager (REWARD_MANAGERS): naive scores each response; dapo adds the overlong penalty below
+    manager: str = "naive"
+    max_resp_len: int | None = None  # dapo: the response length the overlong buffer ends at (required with it)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass
@@ -134,6 +212,27 @@ class KLControlConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    # verl's algorithm.rollout_correction (verl_runtime/rollout_correction.py), with rollout.calculate_log_probs=true:
+    # importance weights pi_train / pi_rollout per token or sequence (null: none), truncated at rollout_is_threshold
+    # ("lower_upper": zeroed outside); rejection of tokens/sequences by rollout_rs ("token_k1,seq_max_k2": each must
+    # pass) at rollout_rs_threshold ("0.6_1.6,2.5"); bypass_mode: the rollout's log-probs are the old ones (no
+    # recomputation) and the loss is loss_type (ppo_clip | reinforce)
+    rollout_is: str | None = None
+    rollout_is_threshold: str | None = "2.0"
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: str | None = None
+    bypass_mode: bool = False
+    loss_type: str = "ppo_clip"
+
+    @property
+    def enabled(self) -> bool:
+        """Whether it changes the update (verl's default section changes nothing)."""
+        return self.rollout_is is not None or self.rollout_rs is not None or self.bypass_mode
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"
     gamma: float = 1.0
@@ -142,6 +241,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass
@@ -156,8 +256,11 @@ class TrainerConfig:
     val_before_train: bool = True  # as verl: validate before the first step (when data.val_files is set)
     save_freq: int = -1  # checkpoint every N steps; checkpoints are also written at the end and on SIGTERM/SIGINT/SIGHUP
     keep_last: int = 2  # checkpoints kept
+    # Also write the final step as a Hugging Face model directory, <run_dir>/hf/step_<N> (verl: "hf_model" in
+    # actor_rollout_ref.actor.checkpoint.save_contents); `verl-deploy export` writes one from any checkpoint.
+    save_hf: bool = False
     resume: str = "auto"  # auto: continue from the run directory's latest checkpoint | disable
-    tensorboard: bool = False
+    tensorboard: bool = True  # events in <run_dir>/tensorboard; verl's trainer.logger without tensorboard turns it off
     # Workers: 1 runs every role in this process. More (or a Ray cluster to join) runs them as Ray actors, one per
     # slot of cpus_per_worker CPUs (or one GPU), training data-parallel (actor.strategy / critic.strategy).
     # null (the default): one per visible GPU on CUDA, else 1. `verl-deploy run` sets it to --gpus x --nodes.
@@ -201,11 +304,156 @@ class Config:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric key takes: low and high bounds (each inclusive unless open; None: unbounded) and a note
+    on what a value means. A key whose value is None (unset: see its field's comment) is not checked."""
+
+    key: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    note: str = ""
+
+    def allows(self, value: float) -> bool:
+        if not math.isfinite(value):  # nan passes every comparison; inf is no learning rate or length
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def wording(self) -> str:
+        if self.high is None:
+            text = f"{'>' if self.low_open else '>='} {self.low:g}"
+        else:
+            text = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        return f"{text} ({self.note})" if self.note else text
+
+
+def _at_least(key: str, low: float, note: str = "") -> Range:
+    return Range(key, low=low, note=note)
+
+
+def _above(key: str, low: float, note: str = "") -> Range:
+    return Range(key, low=low, low_open=True, note=note)
+
+
+def _fraction(key: str, note: str = "", zero: bool = True) -> Range:
+    return Range(key, low=0, high=1, low_open=not zero, note=note)
+
+
+# Every numeric key's range, checked at load (tests/test_config_ranges.py holds that each int/float field has one).
+RANGES = (
+    _at_least("data.batch_size", 1, "prompts per step"),
+    _at_least("data.val_batch_size", 1, "null: all validation prompts at once"),
+    _at_least("data.max_prompt_length", 1, "tokens"),
+    _at_least("data.max_response_length", 1, "tokens"),
+    _at_least("data.toy_size", 1, "rows"),
+    _at_least("model.lora_rank", 0, "0: no LoRA"),
+    _above("model.lora_alpha", 0, "LoRA's scaling is lora_alpha / lora_rank"),
+    _above("actor.lr", 0),
+    _at_least("actor.weight_decay", 0),
+    _above("actor.grad_clip", 0, "the largest gradient norm"),
+    _at_least("actor.ppo_epochs", 1),
+    _at_least("actor.ppo_mini_batch_size", 1, "null: data.batch_size"),
+    _at_least("actor.ppo_micro_batch_size_per_gpu", 1, "null: the whole mini-batch"),
+    _above("actor.clip_ratio", 0, "e.g. 0.2"),
+    _above("actor.clip_ratio_low", 0, "null: actor.clip_ratio"),
+    _above("actor.clip_ratio_high", 0, "null: actor.clip_ratio"),
+    _above("actor.clip_ratio_c", 1, "the dual-clip bound, e.g. 3"),
+    _at_least("actor.entropy_coeff", 0),
+    _at_least("actor.kl_loss_coef", 0),
+    *(rule for section in ("actor", "critic") for rule in (
+        _at_least(f"{section}.lr_warmup_steps", -1, "-1 or 0: lr_warmup_steps_ratio decides"),
+        _fraction(f"{section}.lr_warmup_steps_ratio", "a share of the run's steps"),
+        _fraction(f"{section}.min_lr_ratio", "the cosine schedule's last learning rate, a share of lr"),
+        _at_least(f"{section}.num_cycles", 0, "cosine waves over the run"),
+    )),
+    _above("actor.tau_pos", 0, "sapo's gate temperature"),
+    _above("actor.tau_neg", 0, "sapo's gate temperature"),
+    _fraction("actor.policy_loss.clip_cov_ratio", "a share of the tokens", zero=False),
+    Range("actor.policy_loss.clip_cov_lb", low=-math.inf, note="a covariance bound: any number"),
+    Range("actor.policy_loss.clip_cov_ub", low=-math.inf, note="a covariance bound: any number"),
+    _fraction("actor.policy_loss.kl_cov_ratio", "a share of the tokens", zero=False),
+    _at_least("actor.policy_loss.ppo_kl_coef", 0),
+    _above("actor.policy_loss.dro_beta", 0, "required by loss_mode=dro"),
+    _above("critic.lr", 0),
+    _at_least("critic.weight_decay", 0),
+    _above("critic.grad_clip", 0, "the largest gradient norm"),
+    _above("critic.cliprange_value", 0, "e.g. 0.5"),
+    _at_least("critic.ppo_micro_batch_size_per_gpu", 1, "null: the whole mini-batch"),
+    _at_least("ref.log_prob_micro_batch_size_per_gpu", 1),
+    _at_least("rollout.n", 1, "samples per prompt"),
+    _at_least("rollout.temperature", 0, "0 means greedy sampling"),
+    _fraction("rollout.top_p", "1 keeps every token", zero=False),
+    _at_least("rollout.top_k", -1, "-1 or 0: no top-k filtering"),
+    _at_least("rollout.val_kwargs.n", 1, "validation samples per prompt"),
+    _at_least("rollout.val_kwargs.temperature", 0, "0 means greedy validation"),
+    _fraction("rollout.val_kwargs.top_p", "1 keeps every token", zero=False),
+    _at_least("rollout.val_kwargs.top_k", -1, "-1 or 0: no top-k filtering"),
+    _at_least("reward.max_resp_len", 1, "tokens; null: unset (dapo's overlong buffer needs it)"),
+    _at_least("reward.overlong_buffer.len", 0, "tokens before max_resp_len where the penalty grows"),
+    _at_least("reward.overlong_buffer.penalty_factor", 0, "the penalty at max_resp_len"),
+    _at_least("rollout.log_prob_micro_batch_size_per_gpu", 1),
+    _fraction("rollout.gpu_memory_utilization", "a share of each GPU's memory", zero=False),
+    _at_least("rollout.tensor_model_parallel_size", 1),
+    _fraction("algorithm.gamma", "the discount factor"),
+    _fraction("algorithm.lam", "GAE's lambda"),
+    _at_least("algorithm.kl_ctrl.kl_coef", 0),
+    _at_least("algorithm.kl_ctrl.horizon", 1, "steps"),
+    _above("algorithm.kl_ctrl.target_kl", 0),
+    _at_least("trainer.seed", 0),
+    _at_least("trainer.num_epochs", 1),
+    _at_least("trainer.total_training_steps", 1, "null: trainer.num_epochs decides"),
+    _at_least("trainer.test_freq", -1, "-1 or 0: never"),
+    _at_least("trainer.save_freq", -1, "-1 or 0: only at the end and when stopped"),
+    _at_least("trainer.keep_last", 1, "checkpoints kept"),
+    _at_least("trainer.n_workers", 1, "null: one per visible GPU"),
+    _at_least("trainer.n_gpus_per_node", 1),
+    _at_least("trainer.nnodes", 1),
+    _at_least("trainer.cpus_per_worker", 1),
+    _at_least("ray.num_cpus", 1, "null: all of this host's"),
+)
+
+
+def check_ranges(config: Config, spelled: dict[str, str] | None = None) -> None:
+    """ConfigError (one line) for the first numeric key out of its range (RANGES). spelled: how the user wrote a
+    key and where ({"rollout.temperature": "actor_rollout_ref.rollout.temperature in --set"}), for the message."""
+    for rule in RANGES:
+        value = get_value(config, rule.key)
+        if value is not None and not rule.allows(value):
+            shown = f"{value:g}" if isinstance(value, float) else value
+            name, _, where = (spelled or {}).get(rule.key, rule.key).partition(" ")
+            where = f" {where}" if where else ""
+            raise ConfigError(f"{name}={shown}{where} is out of range: it must be {rule.wording()}")
+
+
+def get_value(config: Config, key: str) -> Any:
+    """The value of a dotted key (``rollout.temperature``)."""
+    target: Any = config
+    for part in key.split("."):
+        target = getattr(target, part)
+    return target
+
+
+# Older scripts' global micro-batch sizes, divided into the *_per_gpu keys (_per_gpu_sizes): key -> the key of the
+# ulysses_sequence_parallel_size that divides the world with it (verl 0.7's fsdp_workers.py: the actor's for its
+# rollout and reference, the critic's for the critic).
+_GLOBAL_MICRO = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "critic.ppo_micro_batch_size": "critic.ulysses_sequence_parallel_size",
+}
+
 # verl keys whose value is translated, not only renamed (see _from_verl).
 _TRANSLATED = (
     "trainer.logger", "data.filter_overlong_prompts", "custom_reward_function.path", "custom_reward_function.name",
     "reward.custom_reward_function.path", "reward.custom_reward_function.name", "reward_model.enable",
-    "reward.reward_model.enable",
+    "reward.reward_model.enable", "actor_rollout_ref.actor.optim.warmup_style", "critic.optim.warmup_style",
+    "reward_model.reward_manager",
+    *_GLOBAL_MICRO,
 )
 
 # Second spellings of a key (the tutorial's, then verl's: verl_keys.RULES) -> the stored key. A prefix alias maps a
@@ -245,6 +493,9 @@ _PRESET_OF_ESTIMATOR = {
     "opo": "grpo",
     "gpg": "grpo",
     "rloo_vectorized": "rloo",
+    "remax": "grpo",  # verl's ReMax scripts sample several responses per prompt too
+    "optimal_token_baseline": "grpo",
+    "tir_optimal_token_baseline": "grpo",
 }
 
 
@@ -265,20 +516,25 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     ``~key`` drops what the file or an earlier override set (back to the default). verl's keys are translated, or
     warned about (one ``warning:`` line on stderr each, unless ``warn`` is false) or refused (verl_keys.RULES)."""
     values: dict[str, tuple[Any, str]] = {}  # dotted key -> (value, where it came from)
+    spelled: dict[str, str] = {}  # dotted key -> the key as written and where, for a range error (check_ranges)
     if path is not None:
         for key, value in _flatten(_read_yaml(Path(path))).items():
             values[_canonical(key)] = (value, f"in {path}")
+            spelled[_canonical(key)] = f"{key} in {path}"
     for item in overrides:
-        key, value = parse_override(item)
-        key = _canonical(key)
+        written, value = parse_override(item)
+        key = _canonical(written)
         values.pop(key, None)  # the last one given counts, in its place (~key: none does)
+        spelled.pop(key, None)
         if value is not DELETE:
             values[key] = (value, "in --set")
+            spelled[key] = f"{written} in --set"
     values = _from_verl(values, warn)
     estimator = values.get("algorithm.adv_estimator", ("gae", ""))[0]
     config = get_default_config(_PRESET_OF_ESTIMATOR.get(str(estimator), "ppo"))
     for key, (value, origin) in values.items():
         set_value(config, key, value, origin)
+    check_ranges(config, spelled)
     _set_world_size(config)
     validate(config)
     return config
@@ -348,28 +604,21 @@ def validate(config: Config) -> None:
     _check_choice("trainer.placement", config.trainer.placement, ("colocated", "split"))
     _check_choice("actor.strategy", config.actor.strategy, ("dp", "fsdp"))
     _check_choice("critic.strategy", config.critic.strategy, ("dp", "fsdp"))
+    _check_choice("actor.policy_loss.loss_mode", config.actor.policy_loss.loss_mode, POLICY_LOSSES)
+    _check_choice("reward.manager", config.reward.manager, REWARD_MANAGERS)
+    _check_overlong_buffer(config.reward)
+    _check_rollout_correction(config)
+    for section in ("actor", "critic"):
+        optim = getattr(config, section)
+        _check_choice(f"{section}.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
+        if len(optim.betas) != 2 or not all(0 <= beta < 1 for beta in optim.betas):
+            raise ConfigError(f"{section}.betas={optim.betas} is out of range: AdamW's two betas, each in [0, 1)")
+    if config.actor.policy_loss.loss_mode == "dro" and config.actor.policy_loss.dro_beta is None:
+        raise ConfigError("actor.policy_loss.loss_mode=dro needs actor.policy_loss.dro_beta (a positive number)")
 
-    positive = {
-        "data.batch_size": config.data.batch_size,
-        "data.val_batch_size": config.data.val_batch_size,
-        "data.max_prompt_length": config.data.max_prompt_length,
-        "data.max_response_length": config.data.max_response_length,
-        "rollout.n": config.rollout.n,
-        "actor.ppo_epochs": config.actor.ppo_epochs,
-        "actor.ppo_mini_batch_size": mini_batch_size(config),
-        "actor.ppo_micro_batch_size_per_gpu": config.actor.ppo_micro_batch_size_per_gpu,
-        "critic.ppo_micro_batch_size_per_gpu": config.critic.ppo_micro_batch_size_per_gpu,
-        "ref.log_prob_micro_batch_size_per_gpu": config.ref.log_prob_micro_batch_size_per_gpu,
-        "rollout.log_prob_micro_batch_size_per_gpu": config.rollout.log_prob_micro_batch_size_per_gpu,
-        "trainer.num_epochs": config.trainer.num_epochs,
-        "trainer.keep_last": config.trainer.keep_last,
-        "trainer.total_training_steps": config.trainer.total_training_steps,
-        "trainer.n_workers": config.trainer.n_workers,
-        "trainer.cpus_per_worker": config.trainer.cpus_per_worker,
-    }
-    for key, value in positive.items():
-        if value is not None and value < 1:  # None: unset (see the field's comment)
-            raise ConfigError(f"{key} must be at least 1, got {value}")
+    check_ranges(config)
+    if not config.data.train_files:
+        raise ConfigError("data.train_files is empty: name a .parquet or .jsonl file in verl's layout (or toy:letter)")
 
     batch, mini, n = config.data.batch_size, mini_batch_size(config), config.rollout.n
     if batch % mini:
@@ -392,6 +641,48 @@ def validate(config: Config) -> None:
         )
     if config.algorithm.adv_estimator in ("grpo", "rloo") and n < 2:
         raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares samples of one prompt: set rollout.n to 2 or more")
+
+
+def _check_overlong_buffer(reward: RewardConfig) -> None:
+    """DAPO's overlong buffer: what verl's DAPORewardManager asserts, and that it would act at all."""
+    buffer = reward.overlong_buffer
+    if not buffer.enable:
+        return
+    if reward.manager != "dapo":  # verl's naive manager would not read it: the penalty asked for would not apply
+        raise ConfigError(f"reward.overlong_buffer.enable=true needs reward.manager=dapo (now {reward.manager}): "
+                          "only DAPO's reward manager applies the overlong penalty")
+    if reward.model_path:
+        raise ConfigError("reward.overlong_buffer.enable=true with reward.model_path: the reward model's score is used "
+                          "as is here (verl, too, applies the penalty to a reward function's scores only), so the "
+                          "overlong penalty would not apply; unset one of them")
+    if reward.max_resp_len is None:
+        raise ConfigError("reward.overlong_buffer.enable=true needs reward.max_resp_len (verl: "
+                          "reward_kwargs.max_resp_len), the response length the buffer ends at")
+    if buffer.len < 1 or reward.max_resp_len < buffer.len:
+        raise ConfigError(f"reward.overlong_buffer.len={buffer.len} must be at least 1 and at most reward.max_resp_len "
+                          f"({reward.max_resp_len}); to turn the penalty off, set reward.overlong_buffer.enable=false")
+
+
+def _check_rollout_correction(config: Config) -> None:
+    """What verl rejects at its first step, at load; and a correction asked for that would not act."""
+    rc = config.algorithm.rollout_correction
+    _check_choice("algorithm.rollout_correction.loss_type", rc.loss_type, rollout_thresholds.LOSS_TYPES)
+    try:
+        rollout_thresholds.check_rollout_correction(rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs,
+                                                    rc.rollout_rs_threshold)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"algorithm.rollout_correction: {error}") from None
+    if not rc.enabled:
+        return
+    if config.rollout.name == "hf":
+        raise ConfigError("algorithm.rollout_correction needs the rollout engine's log-probs, which rollout.name=hf "
+                          "(transformers generate) does not give: set rollout.name=builtin or vllm")
+    if not config.rollout.calculate_log_probs:
+        if rc.bypass_mode:  # verl stops at the first step
+            raise ConfigError("algorithm.rollout_correction.bypass_mode=true needs the rollout's log-probs: set "
+                              "rollout.calculate_log_probs=true (verl: actor_rollout_ref.rollout.calculate_log_probs)")
+        _warn("algorithm.rollout_correction has no effect without rollout.calculate_log_probs=true (as in verl, "
+              "where the rollout then gives no log-probs to correct with)")
 
 
 def mini_batch_size(config: Config) -> int:
@@ -435,8 +726,16 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
     out: dict[str, tuple[Any, str]] = {}
     reward_path = reward_name = None  # (value, origin) of verl's custom_reward_function.{path,name}
     reward_model_enabled = None
+    warmup_styles: dict[str, tuple[Any, str]] = {}  # our lr_scheduler_type key -> verl's warmup_style (value, origin)
+    legacy_manager = None  # (value, origin) of verl's older reward_model.reward_manager
+    _refuse_out_of_scope(values, ours)
     for key, (value, origin) in values.items():
         rule = None if key in ours else verl_keys.rule_for(key)
+        if key in ours and isinstance(value, str):  # verl's values of keys that are ours too (rollout.name=sglang)
+            value = verl_keys.VALUE_SPELLINGS.get(key, {}).get(value, value)
+            refusal = verl_keys.VALUE_REFUSALS.get(key, {}).get(value)
+            if refusal:
+                raise ConfigError(f"{key}={value!r} {origin} is refused: {refusal}")
         if rule is None:
             out[key] = (value, origin)
         elif rule.kind == verl_keys.IGNORED:
@@ -463,6 +762,15 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
             reward_name = (value, origin)
         elif key.endswith("reward_model.enable"):
             reward_model_enabled = None if value is None else _coerce(key, value, bool)
+        elif key.endswith("optim.warmup_style"):
+            if value is not None:  # verl: warmup_style, when given, overrides lr_scheduler_type
+                warmup_styles[rule.target] = (value, origin)
+        elif key == "reward_model.reward_manager":
+            if value is not None:  # null: verl's default; given, it wins over reward.reward_manager.name (as in verl)
+                legacy_manager = (value, origin)
+        elif key in _GLOBAL_MICRO:
+            if value is not None:
+                out[rule.target] = (_per_gpu_size(key, value, values), origin)
         else:
             raise AssertionError(f"no translation for {key}")  # a maps rule missing from ALIASES and _TRANSLATED
     if reward_path and reward_path[0]:
@@ -470,7 +778,40 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
         out["reward.function"] = (f"{reward_path[0]}:{name}" if name else str(reward_path[0]), reward_path[1])
     if reward_model_enabled is False:
         out.pop("reward.model_path", None)
+    out.update(warmup_styles)
+    if legacy_manager:
+        refusal = verl_keys.VALUE_REFUSALS["reward.manager"].get(legacy_manager[0])
+        if refusal:
+            raise ConfigError(f"reward_model.reward_manager={legacy_manager[0]!r} {legacy_manager[1]} is refused: {refusal}")
+        out["reward.manager"] = legacy_manager
     return out
+
+
+def _refuse_out_of_scope(values: dict[str, tuple[Any, str]], ours: set[str]) -> None:
+    """The first key naming something out of this runtime's scope (Megatron, SGLang, NPUs, images), before any
+    other refusal: such a command line is verl's to run (verl_keys.RUN_WITH_VERL), whatever else it holds."""
+    for key, (value, origin) in values.items():
+        reason = verl_keys.VALUE_REFUSALS.get(key, {}).get(value) if key in ours and isinstance(value, str) else None
+        rule = None if key in ours else verl_keys.rule_for(key)
+        if rule is not None and rule.kind == verl_keys.REFUSED and not any(_same_value(value, ok) for ok in rule.accepts):
+            reason = rule.reason
+        if reason and verl_keys.RUN_WITH_VERL in reason:
+            raise ConfigError(f"{key}={value!r} {origin} is refused: {reason}")
+
+
+def _per_gpu_size(key: str, value: Any, values: dict[str, tuple[Any, str]]) -> int:
+    """A global micro-batch size per worker, as verl's FSDP workers divided it: size // (world // ulysses_sp). The
+    world size is trainer.n_workers, else trainer.n_gpus_per_node x trainer.nnodes, else 1."""
+    def given(name: str, default: int) -> int:
+        return _coerce(name, values[name][0], int) if values.get(name, (None,))[0] is not None else default
+
+    world = given("trainer.n_workers", given("trainer.n_gpus_per_node", 1) * given("trainer.nnodes", 1))
+    share = world // given(_GLOBAL_MICRO[key], 1)
+    size = _coerce(key, value, int)
+    if share < 1 or size < share:
+        raise ConfigError(f"{key}={size} is a global size: it must be at least the world size ({world}) over "
+                          f"{_GLOBAL_MICRO[key]} ({given(_GLOBAL_MICRO[key], 1)}), or set its *_per_gpu key instead")
+    return size // share
 
 
 def _same_value(value: Any, accepted: Any) -> bool:
@@ -485,9 +826,6 @@ def _set_world_size(config: Config) -> None:
         return
     if trainer.n_gpus_per_node is None:
         raise ConfigError("trainer.nnodes needs trainer.n_gpus_per_node: the world size is their product")
-    for key, value in (("trainer.n_gpus_per_node", trainer.n_gpus_per_node), ("trainer.nnodes", trainer.nnodes)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{key} must be at least 1, got {value}")
     world = trainer.n_gpus_per_node * (trainer.nnodes or 1)
     if trainer.n_workers is not None and trainer.n_workers != world:
         raise ConfigError(

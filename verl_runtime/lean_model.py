@@ -33,6 +33,8 @@ def lean_path_applies(model, device: torch.device, total_length: int) -> bool:
     config = model.config
     if device.type != "cpu" or torch.is_autocast_enabled(device.type):
         return False
+    if hasattr(model, "peft_config"):
+        return False  # LoRA adapters add their B @ A x in their modules' own forward
     if config.model_type not in ARCHITECTURES or config.hidden_act != "silu":
         return False
     if getattr(model.model.rotary_emb, "rope_type", "default") in LENGTH_DEPENDENT_ROPE:

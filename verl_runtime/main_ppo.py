@@ -6,8 +6,13 @@
 The overrides are verl's (Hydra's): bare ``key=value`` with YAML values (``[a,b]``, ``'quoted'``, ``True``,
 ``null``), ``+key=value`` to add, ``~key`` to drop. They apply on top of our default config, or of one of our YAML
 files named by ``--config-path``/``--config-name`` (ours: verl's own Hydra files with a defaults list are not read
-here; its keys are, as overrides). What each verl key does here: docs/verl.md. Errors as ``python -m verl_runtime``:
-one ``error:`` line and exit 2 (``--debug``: the traceback).
+here; its keys are, as overrides; ``--config-name ppo_trainer``, verl's default, is our defaults). What each verl key
+does here: docs/verl.md. Errors as ``python -m verl_runtime``: one ``error:`` line and exit 2 (``--debug``: the
+traceback).
+
+``--cfg job`` (Hydra's: also ``--cfg=job``, ``-c job``, and ``all``, the same here) composes the config exactly as a
+run would, every check included, prints it as YAML and exits 0, loading no model or data and creating no run
+directory: will verl's command line run here, and as what?
 """
 
 from __future__ import annotations
@@ -15,8 +20,29 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from verl_runtime import verl_keys
 from verl_runtime.errors import ConfigError, UserError
 from verl_runtime.secrets import load_secret_files
+
+
+CFG_CHOICES = ("job", "all")  # Hydra's --cfg values; both print the one composed config here
+
+
+def cfg_requested(argv: list[str]) -> tuple[bool, list[str]]:
+    """(whether --cfg job|all was given, the other arguments)."""
+    args, rest, wanted = list(argv), [], False
+    while args:
+        arg = args.pop(0)
+        option, sep, value = arg.partition("=")
+        if option in ("--cfg", "-c"):
+            if not sep:
+                value = args.pop(0) if args else ""
+            if value not in CFG_CHOICES:
+                raise ConfigError(f"{option} takes {' or '.join(CFG_CHOICES)} (print the composed config), got {value!r}")
+            wanted = True
+        else:
+            rest.append(arg)
+    return wanted, rest
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, list[str], bool]:
@@ -48,7 +74,14 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[str], bool]:
             raise ConfigError("--config-path needs --config-name (the YAML file's name in it)")
         return None, overrides, debug
     name = config_name if config_name.endswith((".yaml", ".yml")) else f"{config_name}.yaml"
-    return str(Path(config_path or ".") / name), overrides, debug
+    path = Path(config_path or ".") / name
+    if not path.is_file():
+        stem = Path(name).stem
+        if stem in verl_keys.VERL_CONFIG_NAMES and verl_keys.VERL_CONFIG_NAMES[stem] is None:
+            return None, overrides, debug  # verl's default config: our defaults are its counterpart
+        what = verl_keys.VERL_CONFIG_NAMES.get(stem) or f"verl's Hydra config {stem!r} (a recipe's, read by verl only)"
+        raise ConfigError(f"config file {path} not found (--config-name {config_name}): {verl_keys.out_of_scope(what)}")
+    return str(path), overrides, debug
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
+        show, argv = cfg_requested(argv)
         config, overrides, debug = parse_args(argv)
+        if show:
+            return print_config(config, overrides)
         return train(config, overrides)
     except UserError as exc:
         if debug:
@@ -67,6 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def print_config(config_file: str | None, overrides: list[str]) -> int:
+    """Compose the config as train() does (all its checks, warnings on stderr) and print it as YAML: no model, data
+    or run directory is touched."""
+    from verl_runtime.config import load_config, to_yaml
+
+    sys.stdout.write(to_yaml(load_config(config_file, overrides)))
+    return 0
 
 
 if __name__ == "__main__":

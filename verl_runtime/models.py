@@ -293,17 +293,21 @@ def response_log_probs(
     """
     from verl_runtime.algorithms import logprobs_and_entropy_from_logits, logprobs_from_logits
 
+    logits = response_logits(model, input_ids, attention_mask, position_ids, response_length, temperature)
+    responses = input_ids[:, -response_length:]
+    if with_entropy:
+        return logprobs_and_entropy_from_logits(logits, responses)
+    return logprobs_from_logits(logits, responses), None
+
+
+def response_logits(model, input_ids, attention_mask, position_ids, response_length: int, temperature: float = 1.0):
+    """The fp32 logits [B, R, V] that predict the last response_length tokens, divided by the temperature."""
     if lean_path_applies(model, input_ids.device, input_ids.shape[1]):
         logits = shared_prefix_logits(model, input_ids, attention_mask, position_ids, response_length)
     else:
         logits = _forward_response_logits(model, input_ids, attention_mask, position_ids, response_length)
     logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    responses = input_ids[:, -response_length:]
-    if with_entropy:
-        return logprobs_and_entropy_from_logits(logits, responses)
-    return logprobs_from_logits(logits, responses), None
+    return logits / temperature if temperature != 1.0 else logits
 
 
 def _forward_response_logits(model, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
@@ -318,6 +322,8 @@ def _forward_response_logits(model, input_ids, attention_mask, position_ids, res
 
 
 def _accepts(model, argument: str) -> bool:
+    if hasattr(model, "get_base_model"):  # a peft model (LoRA) passes its keyword arguments on to the base model
+        model = model.get_base_model()
     return argument in inspect.signature(model.forward).parameters
 
 

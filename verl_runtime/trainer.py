@@ -18,20 +18,25 @@ import time
 
 import torch
 
-from verl_runtime import rundir
+from verl_runtime import rundir, validation
 from verl_runtime.algorithms import apply_kl_penalty, compute_advantage, get_kl_controller, sequence_scores_to_token_level
 from verl_runtime.checkpoint import latest_checkpoint, load_newest, rng_state, save_checkpoint, set_rng_state
 from verl_runtime.config import Config, diff_configs, mini_batch_size, to_yaml, validate
 from verl_runtime.controller import WorkerGroup
 from verl_runtime.controller.ray_backend import start_worker_groups, uses_ray
 from verl_runtime.data import Prompt, batch_indices, encode_prompts, load_rows, make_toy_rows, prompt_token_ids
-from verl_runtime.errors import TrainingError
-from verl_runtime.metrics import MetricsWriter, format_console_line
+from verl_runtime.errors import TrainingError, UserError
+from verl_runtime.metrics import MetricsWriter, StepClock, format_console_line, format_validation_line
 from verl_runtime.models import load_tokenizer, position_ids_from_mask
 from verl_runtime.rollout import SamplingParams
 from verl_runtime.rollout.base import left_pad
+from verl_runtime.rollout_correction import compute_rollout_correction_and_rejection_mask
 from verl_runtime.seeding import seed_everything
 from verl_runtime.workers import ROLE_CLASSES, build_roles
+from verl_runtime.workers.optim import learning_rate
+
+
+OPTIMAL_TOKEN_BASELINES = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 class SingleControllerTrainer:
@@ -41,7 +46,7 @@ class SingleControllerTrainer:
         resolve_world_size(config)
         self.config = config
         print(f"[INFO] Loading pretrained model from {config.model.path}", flush=True)
-        roles = ["actor", "reward"] + ["critic"] * (config.algorithm.adv_estimator == "gae") + ["ref"] * needs_reference(config)
+        roles = ["actor", "reward"] + ["critic"] * (config.algorithm.adv_estimator == "gae") + ["ref"] * needs_ref_worker(config)
         ray = uses_ray(config)  # then the workers are Ray actors and batches leave this process on the CPU
         self.device = torch.device("cpu") if ray else pick_device(config.trainer.device)
         seed_everything(config.trainer.seed)
@@ -55,8 +60,12 @@ class SingleControllerTrainer:
             groups.update(start_worker_groups(config, remote, build_roles, ROLE_CLASSES))
         self.actor, self.reward = groups["actor"], groups["reward"]
         self.critic, self.ref = groups.get("critic"), groups.get("ref")
+        # With LoRA the reference is the actor with its adapters disabled (verl's ref_in_actor): no second model.
+        self.ref_policy = self.actor if needs_reference(config) and self.ref is None else self.ref
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
         self.global_step = 0
+        # The run's length, which a cosine or ratio warm-up schedule needs: fit() knows it; step() callers set it.
+        self.total_steps = config.trainer.total_training_steps
 
     # --- the tutorial's API: one update on given samples ------------------------------------------------------
 
@@ -94,6 +103,7 @@ class SingleControllerTrainer:
         steps_per_epoch = len(batch_indices(len(train), cfg.data.batch_size, cfg.trainer.seed, 0, cfg.data.shuffle))
         total = steps_per_epoch * cfg.trainer.num_epochs
         total = min(total, cfg.trainer.total_training_steps or total)
+        self.total_steps = total
         sampling = SamplingParams(
             n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
             max_new_tokens=cfg.data.max_response_length, do_sample=cfg.rollout.do_sample,
@@ -110,7 +120,8 @@ class SingleControllerTrainer:
         try:
             with stop_requests() as stop, out_of_memory_hint(cfg):
                 if val and cfg.trainer.val_before_train and start == 0:
-                    writer.log(0, self.validate(val))
+                    writer.log(0, self._validate_and_show(val, 0))
+                clock = StepClock()  # this process's steps: the ETA's
                 for step in range(start + 1, total + 1):
                     timing: dict[str, float] = {}
                     started, compute_before = time.perf_counter(), self.compute_s()
@@ -124,16 +135,19 @@ class SingleControllerTrainer:
                         batch.update(prompt_fields(prompts, cfg.rollout.n))
                         with timer("reward", timing):
                             scores = self.reward.score(batch)
+                        if cfg.algorithm.adv_estimator == "remax":
+                            with timer("gen_max", timing):
+                                batch["reward_baselines"] = self.greedy_baselines(prompts)
                         metrics = self._update(batch, scores, timing, mini)
                     if val and cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or step == total):
                         with timer("testing", timing):
-                            metrics.update(self.validate(val))
+                            metrics.update(self._validate_and_show(val, step))
 
                     timing["step"] = time.perf_counter() - started
                     timing["controller"] = timing["step"] - (self.compute_s() - compute_before)  # outside the workers
                     metrics.update(step_metrics(step, epoch, batch, timing))
                     writer.log(step, metrics)
-                    print(format_console_line(step, total, metrics), flush=True)
+                    print(format_console_line(step, total, metrics, *clock.lap(total - step)), flush=True)
                     self.global_step = step
                     if step == total or stop.signum or (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0):
                         self.save(run_dir, step)
@@ -141,6 +155,8 @@ class SingleControllerTrainer:
                         stop.exit_after(step)
         finally:
             writer.close()
+        if cfg.trainer.save_hf:
+            self.save_hf(run_dir, total)
         print(f"[INFO] Training finished at step {total}; run directory {run_dir}", flush=True)
 
     def _update(self, batch: dict, scores: torch.Tensor, timing: dict, mini_batch_size: int) -> dict[str, float]:
@@ -152,16 +168,23 @@ class SingleControllerTrainer:
             raise TrainingError(f"the reward is not finite for {bad} of {len(scores)} samples: check {source}")
         mask = batch["response_mask"]
         token_level_scores = sequence_scores_to_token_level(scores.to(mask.device, torch.float32), mask)
-        if self.ref is not None:
+        if self.ref_policy is not None:
             with timer("ref", timing):
-                batch["ref_log_prob"] = self.ref.compute_ref_log_prob(batch)
+                batch["ref_log_prob"] = self.ref_policy.compute_ref_log_prob(batch)
         if self.critic is not None:
             with timer("values", timing):
                 batch["values"] = self.critic.compute_values(batch)
         # verl's on-policy shortcut: with one epoch over one mini-batch the "old" policy is the current one, so the
         # actor takes its old log-probs from its own forward pass instead of a separate one here.
         on_policy = cfg.actor.ppo_epochs == 1 and mini_batch_size >= len(mask) and not cfg.algorithm.use_kl_in_reward
-        if not on_policy:
+        correction = cfg.algorithm.rollout_correction
+        correcting = correction.enabled and cfg.rollout.calculate_log_probs and "rollout_log_probs" in batch
+        if correcting and correction.bypass_mode:  # verl's bypass mode: the rollout's log-probs are the old ones
+            batch["old_log_prob"] = batch["rollout_log_probs"]
+        elif cfg.algorithm.adv_estimator in OPTIMAL_TOKEN_BASELINES:  # they need the old log-probs and sum p^2
+            with timer("old_log_prob", timing):
+                batch.update(self.actor.compute_log_prob_and_sum_pi_squared(batch))
+        elif not on_policy or correcting:  # decoupled correction: weights from the old policy before the update
             with timer("old_log_prob", timing):
                 batch["old_log_prob"] = self.actor.compute_log_prob(batch)
 
@@ -175,33 +198,76 @@ class SingleControllerTrainer:
             metrics["actor/reward_kl_penalty"] = current_kl
             metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
             self.kl_ctrl.update(current_kl, n_steps=cfg.data.batch_size)
+        if correcting and not correction.bypass_mode:  # as verl: after the KL reward, before the advantages
+            weights, mask, corrected = compute_rollout_correction_and_rejection_mask(
+                batch["old_log_prob"], batch["rollout_log_probs"], mask, correction.rollout_is,
+                correction.rollout_is_threshold, correction.rollout_is_batch_normalize, correction.rollout_rs,
+                correction.rollout_rs_threshold,
+            )
+            batch["response_mask"] = mask  # rejected tokens leave the advantages and the loss
+            if weights is not None:
+                batch["rollout_is_weights"] = weights
+            metrics.update(corrected)
         with timer("adv", timing):
             batch["advantages"], batch["returns"] = compute_advantage(
                 cfg.algorithm.adv_estimator, token_level_rewards, mask, index=batch["uid"], values=batch.get("values"),
                 gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam, norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+                reward_baselines=batch.get("reward_baselines"), old_log_probs=batch.get("old_log_prob"),
+                sum_pi_squared=batch.get("sum_pi_squared"), rollout_is_weights=batch.get("rollout_is_weights"),
             )
         if self.critic is not None:
             with timer("update_critic", timing):
-                metrics.update(self.critic.update(batch, mini_batch_size))
+                metrics.update(self.critic.update(batch, mini_batch_size, self._learning_rate("critic")))
         with timer("update_actor", timing):
-            metrics.update(self.actor.update(batch, mini_batch_size))
+            metrics.update(self.actor.update(batch, mini_batch_size, self._learning_rate("actor")))
+        # verl logs the learning rate after its scheduler's step: the next update's
+        metrics["actor/lr"] = self._learning_rate("actor", after=1)
+        if self.critic is not None:
+            metrics["critic/lr"] = self._learning_rate("critic", after=1)
         metrics.update(data_metrics(batch, token_level_scores, token_level_rewards, cfg.data.max_prompt_length))
         return metrics
+
+    def greedy_baselines(self, prompts: list[Prompt]) -> torch.Tensor:
+        """ReMax's baselines, as verl's trainer makes them: the reward of one greedy response per prompt, repeated for
+        the prompt's rollout.n samples."""
+        greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=self.config.data.max_response_length)
+        baseline = self.actor.generate([p.input_ids for p in prompts], greedy)
+        baseline.update(prompt_fields(prompts, 1))
+        return self.reward.score(baseline).float().repeat_interleave(self.config.rollout.n)
+
+    def _learning_rate(self, role: str, after: int = 0) -> float:
+        """The role's learning rate for this update (its schedule at the steps done so far), or `after` steps later."""
+        return learning_rate(getattr(self.config, role), self.global_step + after, self.total_steps)
 
     # --- validation, data, checkpoints -------------------------------------------------------------------------
 
     def validate(self, prompts: list[Prompt]) -> dict[str, float]:
-        """Greedy responses to the validation prompts; mean reward per data source."""
-        greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=self.config.data.max_response_length)
-        by_source: dict[str, list[float]] = {}
-        size = self.config.data.val_batch_size or max(len(prompts), 1)
+        """rollout.val_kwargs.n responses per validation prompt (greedy at temperature 0, else sampled), scored;
+        verl's val-core/ and val-aux/ metrics per data source (verl_runtime/validation.py)."""
+        cfg = self.config
+        kwargs = cfg.rollout.val_kwargs
+        sampling = SamplingParams(n=kwargs.n, temperature=kwargs.temperature, top_p=kwargs.top_p, top_k=kwargs.top_k,
+                                  do_sample=kwargs.temperature > 0, max_new_tokens=cfg.data.max_response_length)
+        sources, uids, rewards, extra = [], [], [], []
+        size = cfg.data.val_batch_size or max(len(prompts), 1)
         for start in range(0, len(prompts), size):
             chunk = prompts[start : start + size]
-            batch = self.actor.generate([p.input_ids for p in chunk], greedy)
-            batch.update(prompt_fields(chunk, 1))
-            for source, score in zip(batch["data_source"], self.reward.score(batch).tolist()):
-                by_source.setdefault(source, []).append(score)
-        return validation_metrics(by_source)
+            batch = self.actor.generate([p.input_ids for p in chunk], sampling)
+            batch.update(prompt_fields(chunk, kwargs.n))
+            scored = self.reward.score_details(batch)
+            rewards += scored["scores"].tolist()
+            extra += scored["infos"]
+            sources += batch["data_source"]
+            uids += [start + uid for uid in batch["uid"]]  # one uid per prompt across chunks
+        # verl's reward_extra_infos_dict: the reward, then one list per extra key (None where a sample lacks it)
+        keys = dict.fromkeys(key for info in extra for key in info)
+        infos = {"reward": rewards, **{key: [info.get(key) for info in extra] for key in keys}}
+        return validation.validation_metrics(sources, uids, infos)
+
+    def _validate_and_show(self, prompts: list[Prompt], step: int) -> dict[str, float]:
+        scores = self.validate(prompts)
+        print(format_validation_line(step, {k: v for k, v in scores.items() if k.startswith("val-core/")}), flush=True)
+        return scores
 
     def load_prompts(self, files: list[str], split: str) -> list[Prompt]:
         """Tokenized prompts of data files, or of a generated toy task ("toy:<task>")."""
@@ -226,13 +292,26 @@ class SingleControllerTrainer:
         path = save_checkpoint(run_dir, step, state, keep_last=self.config.trainer.keep_last)
         print(f"[INFO] Saved checkpoint {path}", flush=True)
 
+    def save_hf(self, run_dir, step: int) -> None:
+        """Step's checkpoint as a Hugging Face model directory, <run_dir>/hf/step_<N> (trainer.save_hf)."""
+        from verl_runtime.export import export_checkpoint
+
+        out = run_dir / rundir.EXPORTS_DIR / rundir.step_dir_name(step)
+        _, path = export_checkpoint(run_dir, out, step=step, replace=True)
+        print(f"[INFO] Saved Hugging Face model {path} (transformers and vLLM load it)", flush=True)
+
     def resume(self, run_dir) -> int:
         """Restore the newest usable checkpoint of run_dir, if any; the step to continue after (0: from the start).
-        Newer ones that are incomplete or damaged are passed over, one warning line each."""
+        Newer ones that are incomplete or damaged are passed over, one warning line each; where every checkpoint
+        is unusable the run is refused (UserError) rather than silently trained again from step 1."""
         path, state, unusable = load_newest(run_dir)
-        then = f"resuming from {path.name}" if path is not None else "starting from the beginning"
+        if path is None and unusable:
+            reasons = "; ".join(f"{bad.name}: {why}" for bad, why in unusable)
+            raise UserError(f"every checkpoint of {run_dir} is unusable ({reasons}), so it cannot be resumed and "
+                            "nothing was trained: to start over deliberately, set trainer.resume=disable (its metrics "
+                            "restart) or train under another trainer.experiment_name")
         for bad, why in unusable:
-            print(f"[WARN] checkpoint {bad} is unusable ({why}): {then}", flush=True)
+            print(f"[WARN] checkpoint {bad} is unusable ({why}): resuming from {path.name}", flush=True)
         if path is None:
             return 0
         self.actor.load_state_dict(state["actor"])
@@ -241,7 +320,8 @@ class SingleControllerTrainer:
         self.kl_ctrl.value = state["kl_coef"]
         set_rng_state(state["rng"])
         self.global_step = state["step"]
-        print(f"[INFO] Resumed from {path} (step {state['step']})", flush=True)
+        print(f"[INFO] Resumed from {path} (step {state['step']}): run {run_dir} continues (to start over instead: "
+              "trainer.resume=disable, or another trainer.experiment_name)", flush=True)
         return state["step"]
 
     def compute_s(self) -> float:
@@ -311,6 +391,11 @@ def _shown(value) -> str:
 def needs_reference(config: Config) -> bool:
     """A reference policy is loaded only when a KL term uses it."""
     return config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+
+
+def needs_ref_worker(config: Config) -> bool:
+    """A reference model of its own: not with LoRA, where the actor without its adapters is the reference."""
+    return needs_reference(config) and not config.model.uses_lora
 
 
 def resolve_world_size(config: Config) -> None:
@@ -427,9 +512,10 @@ def timing_per_token_metrics(batch: dict, timing: dict[str, float]) -> dict[str,
 
 
 def validation_metrics(scores_by_source: dict[str, list[float]]) -> dict[str, float]:
-    """Mean validation reward per data source, named as verl names one greedy sample per prompt:
-    val-core/<data_source>/reward/mean@1."""
-    return {f"val-core/{source}/reward/mean@1": sum(scores) / len(scores) for source, scores in scores_by_source.items()}
+    """Validation metrics of one response per prompt and a float reward: val-core/<data_source>/reward/mean@1."""
+    sources = [source for source, scores in scores_by_source.items() for _ in scores]
+    rewards = [score for scores in scores_by_source.values() for score in scores]
+    return validation.validation_metrics(sources, list(range(len(sources))), {"reward": rewards})
 
 
 # Names we write that verl does not: the controller's own time.

@@ -27,6 +27,54 @@ KEYS_FILE = Path(__file__).with_name("verl_0_9_1_keys.txt")
 
 MAPS, IGNORED, REFUSED = "maps", "ignored", "refused"
 
+# How to run what this runtime does not (Megatron, SGLang, NPUs, multi-modal data...): verl's own trainer, with the
+# same command line. Every out-of-scope refusal ends with it (out_of_scope).
+RUN_WITH_VERL = "verl-deploy run --runtime verl -- <the same overrides>"
+
+
+def out_of_scope(what: str) -> str:
+    """The reason of a refusal for something this runtime does not do at all, naming the way to run it."""
+    return f"{what}: out of this runtime's scope; run it with {RUN_WITH_VERL}"
+
+
+_ENGINES = "verl's Megatron, MindSpeed, TorchTitan and VeOmni engines"
+
+# verl's own Hydra config names (main_ppo --config-name): its default is our defaults; the others are out of scope.
+VERL_CONFIG_NAMES = {"ppo_trainer": None, "ppo_megatron_trainer": _ENGINES}
+
+# Hydra config-group choices of verl's main_ppo (``model_engine=megatron``): overrides, not keys of the tree.
+HYDRA_GROUPS = ("model_engine",)
+# Keys verl's scripts write that its tree lacks, which rules here are for: its group choices, keys added with +key
+# under a mapping-valued key or an open section (tests/test_verl_cli.py counts a rule for one of them as live).
+ADDED_KEYS = ("model_engine", "actor@actor_rollout_ref.actor", "hydra.searchpath",
+              "actor_rollout_ref.model.override_config.max_position_embeddings",
+              "actor_rollout_ref.model.override_config.attention_dropout",
+              "data.apply_chat_template_kwargs.enable_thinking", "data.apply_chat_template_kwargs.reasoning_effort",
+              "data.apply_chat_template_kwargs.tools",
+              "actor_rollout_ref.actor.policy_loss.tau_pos", "actor_rollout_ref.actor.policy_loss.tau_neg",
+              # DAPO's reward_kwargs, under verl's older reward_model section and its reward section
+              *(f"{section}.reward_kwargs.{name}" for section in ("reward_model", "reward") for name in (
+                  "max_resp_len", *(f"overlong_buffer_cfg.{key}" for key in ("enable", "len", "penalty_factor", "log")))))
+# Sections whose every key is ignored, where a key verl's tree lacks (added with Hydra's +key) is ignored too:
+# verl's scripts add FSDP settings (+...fsdp_config.mixed_precision.param_dtype) and Hydra's own (hydra.searchpath).
+OPEN_SECTIONS = ("*fsdp_config.*", "critic.fsdp.*", "hydra.*")
+
+# Values of keys that are ours too (after verl's names are mapped) that stop the run: {our key: {value: reason}}.
+VALUE_REFUSALS = {
+    "rollout.name": {"sglang": out_of_scope("SGLang rollout"), "trtllm": out_of_scope("TensorRT-LLM rollout")},
+    "trainer.device": {"npu": out_of_scope("training on Ascend NPUs")},
+    "critic.strategy": {name: out_of_scope(_ENGINES) for name in ("megatron", "mindspeed", "veomni", "torchtitan")},
+    "trainer.resume": {"resume_path": "resuming from a given checkpoint is not here: a run resumes from its own run "
+                                      "directory (trainer.run_dir; verl-deploy run --resume RUN)"},
+}
+# verl's spellings of the values of keys that are ours too: {our key: {verl's value: ours}}.
+# verl 0.9.1's reward managers other than naive and dapo (config.REWARD_MANAGERS), and a recipe's
+_OTHER_MANAGERS = {"gdpo": "GDPO's (several reward components, normalized apart)", "rate_limited": "the rate-limited",
+                   "remote": "the remote", "batch": "the batched", "prime": "PRIME's", "collabllm": "CollabLLM's"}
+VALUE_REFUSALS["reward.manager"] = {name: f"{what} reward manager is not here (naive and dapo are)"
+                                    for name, what in _OTHER_MANAGERS.items()}
+VALUE_SPELLINGS = {"critic.strategy": {"fsdp2": "fsdp"}}
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -52,18 +100,30 @@ def _refused(pattern, reason, *accepts):
     return Rule(pattern, REFUSED, reason=reason, accepts=accepts)
 
 
+def _routed(pattern, what, *accepts):
+    """Refused (unless one of accepts): out of this runtime's scope, run by verl itself."""
+    return Rule(pattern, REFUSED, reason=out_of_scope(what), accepts=accepts)
+
+
 _AR = "actor_rollout_ref"
 _ENGINE = "engine plumbing of verl's workers (sharding, compilation, kernels): our workers train the same numbers without it"
 _MEMORY = "memory and speed only: the numbers do not change"
 _ROLLOUT_ENGINE = "a setting of verl's rollout server (vLLM/SGLang scheduling, caching, graphs): speed only here"
 _SEED = "randomness here follows trainer.seed"
-_NO_VISION = "text-only here: multi-modal inputs are not read"
-_OTHER_LOSS = "used only by another actor_rollout_ref.actor.policy_loss.loss_mode, which is refused here"
+_GLOBAL_MICRO = ("older scripts' global size: divided by the world size over ulysses_sequence_parallel_size, as "
+                 "verl's FSDP workers did (0.7's fsdp_workers.py)")
+_NO_VISION = "multi-modal data (images, video, audio)"
+_OPTIM = ("betas", "lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type", "min_lr_ratio", "num_cycles",
+          "zero_indexed_step")  # verl's optim.* keys that are ours under the same name (actor.*, critic.*)
+_POLICY_LOSS = ("loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
 
 RULES: tuple[Rule, ...] = (
     # --- one stored value: verl's names of our keys ----------------------------------------------------------------
     _maps(f"{_AR}.model.path", "model.path"),
     _maps(f"{_AR}.model.enable_gradient_checkpointing", "model.gradient_checkpointing"),
+    *(_maps(f"{_AR}.model.{name}", f"model.{name}", "LoRA on the actor (peft); the reference is the actor with its "
+            "adapters disabled, as in verl") for name in ("lora_rank", "lora_alpha", "target_modules",
+                                                         "exclude_modules", "lora_adapter_path")),
     _maps(f"{_AR}.actor.optim.lr", "actor.lr"),
     _maps(f"{_AR}.actor.optim.weight_decay", "actor.weight_decay"),
     _maps(f"{_AR}.actor.optim.clip_grad", "actor.grad_clip"),
@@ -86,17 +146,39 @@ RULES: tuple[Rule, ...] = (
     _maps(f"{_AR}.rollout.top_p", "rollout.top_p"),
     _maps(f"{_AR}.rollout.top_k", "rollout.top_k"),
     _maps(f"{_AR}.rollout.do_sample", "rollout.do_sample"),
+    *(_maps(f"{_AR}.rollout.val_kwargs.{name}", f"rollout.val_kwargs.{name}") for name in ("n", "temperature", "top_p", "top_k")),
     _maps(f"{_AR}.rollout.gpu_memory_utilization", "rollout.gpu_memory_utilization"),
     _maps(f"{_AR}.rollout.tensor_model_parallel_size", "rollout.tensor_model_parallel_size"),
     _maps(f"{_AR}.rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size_per_gpu"),
+    _maps(f"{_AR}.rollout.calculate_log_probs", "rollout.calculate_log_probs",
+          "the rollout's log-probs go to algorithm.rollout_correction (rollout/logprob_diff is logged either way)"),
     _maps(f"{_AR}.ref.log_prob_micro_batch_size_per_gpu", "ref.log_prob_micro_batch_size_per_gpu"),
+    *(_maps(f"{_AR}.{role}.{name}", f"{role}.{name}_per_gpu", _GLOBAL_MICRO)
+      for role, name in (("actor", "ppo_micro_batch_size"), ("rollout", "log_prob_micro_batch_size"),
+                         ("ref", "log_prob_micro_batch_size"))),
+    _maps("critic.ppo_micro_batch_size", "critic.ppo_micro_batch_size_per_gpu", _GLOBAL_MICRO),
+    *(_maps(f"{_AR}.actor.optim.{name}", f"actor.{name}") for name in _OPTIM),
+    _maps(f"{_AR}.actor.optim.warmup_style", "actor.lr_scheduler_type",
+          "verl's older name: a value other than null sets lr_scheduler_type, whichever comes first"),
+    *(_maps(f"{_AR}.actor.policy_loss.{name}", f"actor.policy_loss.{name}") for name in _POLICY_LOSS),
+    _maps(f"{_AR}.actor.tau_pos", "actor.tau_pos"),
+    _maps(f"{_AR}.actor.tau_neg", "actor.tau_neg"),
+    # verl's SAPO examples add these with +key, but its loss reads actor.tau_pos/tau_neg (core_algos
+    # compute_policy_loss_sapo takes the actor config): verl trains the same numbers without them, so do we.
+    _ignored(f"{_AR}.actor.policy_loss.tau_*", "verl 0.9.1's SAPO loss reads actor_rollout_ref.actor.tau_pos/tau_neg, "
+             "not these: set those to change the loss"),
     _maps("critic.optim.lr", "critic.lr"),
+    *(_maps(f"critic.optim.{name}", f"critic.{name}") for name in _OPTIM),
+    _maps("critic.optim.warmup_style", "critic.lr_scheduler_type", "as actor_rollout_ref.actor.optim.warmup_style"),
     _maps("critic.optim.weight_decay", "critic.weight_decay"),
     _maps("critic.optim.clip_grad", "critic.grad_clip"),
     _maps("critic.model.path", "critic.model_path"),
     _maps("data.train_batch_size", "data.batch_size"),
     _maps("trainer.total_epochs", "trainer.num_epochs"),
-    _maps("trainer.resume_mode", "trainer.resume", "auto or disable (resume_path: see trainer.resume_from_path)"),
+    _maps("trainer.resume_mode", "trainer.resume", "auto or disable; resume_path is refused: a run resumes from its "
+          "own run directory (trainer.run_dir; verl-deploy run --resume RUN)"),
+    _maps("critic.strategy", "critic.strategy", "ours too: dp or fsdp (FSDP2 shards the critic across the workers; "
+          "verl's fsdp2 is fsdp here), the same numbers either way"),
     _maps("trainer.logger", "trainer.tensorboard",
           "tensorboard in the list turns trainer.tensorboard on; console and metrics.jsonl are always written; "
           "other trackers (wandb, mlflow, swanlab) are not here: a warning"),
@@ -109,45 +191,57 @@ RULES: tuple[Rule, ...] = (
     _maps("reward.reward_model.model_path", "reward.model_path", "used when reward.reward_model.enable is not false"),
     _maps("reward_model.enable", "reward.model_path", "false: no reward model, whatever its path"),
     _maps("reward.reward_model.enable", "reward.model_path", "false: no reward model, whatever its path"),
+    _maps("reward.reward_manager.name", "reward.manager", "naive or dapo here (dapo: reward.overlong_buffer)"),
+    _maps("reward_model.reward_manager", "reward.manager", "verl's older name: a value other than null sets "
+          "reward.manager, and wins over reward.reward_manager.name (as verl migrates it)"),
+    *(_maps(f"{section}.reward_kwargs.{name}", f"reward.{ours}")
+      for section in ("reward_model", "reward")
+      for name, ours in (("max_resp_len", "max_resp_len"),
+                         *((f"overlong_buffer_cfg.{key}", f"overlong_buffer.{key}")
+                           for key in ("enable", "len", "penalty_factor", "log")))),
     _maps("trainer.n_gpus_per_node", "trainer.n_gpus_per_node", "x trainer.nnodes = trainer.n_workers, the world size"),
     _maps("trainer.nnodes", "trainer.nnodes", "x trainer.n_gpus_per_node = trainer.n_workers, the world size"),
     _maps("ray_kwargs.ray_init.num_cpus", "ray.num_cpus"),
     # --- would change the results if ignored: refused unless the value is what we do --------------------------------
-    _refused("trainer.resume_from_path", "resuming from a given checkpoint is not here: a run resumes from its own "
-             "run directory (trainer.run_dir; verl-deploy run --resume RUN)", None),
+    # --- out of this runtime's scope: refused, naming verl-deploy run --runtime verl --------------------------------
+    _routed("model_engine", _ENGINES, "dp"),
+    _routed("*@*", "another of verl's config files for a section (Hydra's group@section=file)"),
+    _routed(f"{_AR}.*.strategy", _ENGINES, "fsdp", "fsdp2"),  # fsdp, fsdp2: the sharding here is actor.strategy
+    _routed("data.image_key", _NO_VISION),
+    _routed("data.video_key", _NO_VISION),
+    _routed("data.audio_key", _NO_VISION),
+    _routed("data.image_patch_size", _NO_VISION),
+    _routed("data.mm_processor_kwargs", _NO_VISION, None, {}),
+    _routed(f"{_AR}.actor.freeze_vision_tower", _NO_VISION, False),
+    # --- would change the results if ignored: refused unless the value is what we do --------------------------------
     _refused("trainer.critic_warmup", "the actor is updated from the first step here", 0),
     _refused("trainer.val_only", "a validation-only run is not here", False),
     _refused("trainer.v1.trainer_mode", "training is synchronous here (rollout, then update)", "sync"),
     _refused("algorithm.use_pf_ppo", "PF-PPO (reweighting samples) is not here", False),
     _refused("algorithm.filter_groups.enable", "dynamic sampling (DAPO's group filtering) is not here", False),
-    _refused("algorithm.rollout_correction.rollout_is", "rollout importance sampling is not here", None),
-    _refused("algorithm.rollout_correction.rollout_rs", "rollout rejection sampling is not here", None),
-    _refused("algorithm.rollout_correction.bypass_mode", "the old log-probs are always recomputed by the actor here", False),
-    _refused(f"{_AR}.actor.policy_loss.loss_mode", "only the vanilla PPO clip loss is here", "vanilla"),
     _refused(f"{_AR}.actor.loss_scale_factor", "the loss is aggregated by actor.loss_agg_mode alone here", None),
     _refused(f"{_AR}.actor.shuffle", "mini-batches keep the batch's order here", False),
-    _refused(f"{_AR}.actor.ppo_micro_batch_size", "a global micro-batch size is not here: use "
-             f"{_AR}.actor.ppo_micro_batch_size_per_gpu", None),
-    _refused(f"{_AR}.*.log_prob_micro_batch_size", "a global micro-batch size is not here: use "
-             "log_prob_micro_batch_size_per_gpu", None),
     _refused(f"{_AR}.*qat.enable", "quantization-aware training is not here", False),
-    _refused(f"{_AR}.rollout.val_kwargs.n", "validation samples one greedy response per prompt here", 1),
-    _refused(f"{_AR}.rollout.val_kwargs.do_sample", "validation is greedy here", False),
-    _refused(f"{_AR}.rollout.val_kwargs.temperature", "validation is greedy here", 0, 0.0),
-    _ignored(f"{_AR}.rollout.val_kwargs.*", "validation is greedy here: top_k and top_p do not apply"),
+    _ignored(f"{_AR}.rollout.val_kwargs.do_sample", "verl 0.9.1's rollout does not read it either: "
+             "val_kwargs.temperature decides (0: greedy, above 0: sampled), here as there"),
     _refused(f"{_AR}.rollout.multi_turn.enable", "multi-turn rollouts (tools) are not here", False),
     _refused(f"{_AR}.rollout.ignore_eos", "generation stops at the end-of-sequence token here", False),
     _refused(f"{_AR}.rollout.over_sample_rate", "over-sampling and aborting rollouts is not here", 0),
     _refused(f"{_AR}.rollout.quantization", "the rollout runs the trained weights unquantized here", None),
     _refused(f"{_AR}.rollout.disaggregation.enabled", "rollouts are generated in one engine here", False),
     _refused(f"{_AR}.model.mtp.enable", "multi-token prediction is not here", False),
-    _refused("*model.lora_rank", "LoRA is not here: every weight trains", 0),
-    _refused(f"{_AR}.model.lora.rank", "LoRA is not here: every weight trains", 0),
-    _refused("*model.lora_adapter_path", "LoRA is not here", None),
-    _refused(f"{_AR}.model.lora.adapter_path", "LoRA is not here", None),
+    _refused("critic.model.lora_rank", "LoRA on the critic is not here: every critic weight trains", 0),
+    _refused("critic.model.lora_adapter_path", "LoRA on the critic is not here", None),
+    _refused(f"{_AR}.model.lora.rank", f"verl's Megatron LoRA section: LoRA on FSDP is {_AR}.model.lora_rank, "
+             "here too", 0),
+    _refused(f"{_AR}.model.lora.adapter_path", f"verl's Megatron LoRA section: an adapter to continue from is "
+             f"{_AR}.model.lora_adapter_path, here too", None),
     _refused("*model.tokenizer_path", "the tokenizer is the model's own here", None),
     _refused("*model.hf_config_path", "the model config is the model's own here", None),
     _refused("*model.custom_chat_template", "the chat template is the tokenizer's own here", None),
+    _ignored("*model.override_config.max_position_embeddings", "the context length the position embeddings allow: "
+             "sequences stay within data.max_prompt_length + max_response_length here, the numbers do not change"),
+    _refused("*model.override_config.*", "the model config is used unchanged here (an override changes the model)"),
     _refused("*model.override_config", "the model config is used unchanged here", {}),
     _refused("*model.external_lib", "no extra library is imported to load a model here", None),
     _refused("data.tokenizer", "the tokenizer is the model's own here", None),
@@ -157,23 +251,22 @@ RULES: tuple[Rule, ...] = (
     _refused("data.val_max_samples", "every row of data.val_files is used here", -1),
     _refused("data.gen_batch_size", "a step generates for data.train_batch_size prompts here", None),
     _refused("data.custom_cls.path", "a custom dataset class is not here", None),
+    _refused("data.apply_chat_template_kwargs.enable_thinking", "the chat template is applied with its defaults "
+             "here: Qwen3's thinks unless told otherwise", True),
+    _refused("data.apply_chat_template_kwargs.reasoning_effort", "the chat template is applied with its defaults "
+             "here: gpt-oss's is medium", "medium"),
+    _refused("data.apply_chat_template_kwargs.*", "the chat template is applied with its defaults here (another "
+             "argument changes the prompts)"),
     _refused("data.apply_chat_template_kwargs", "the chat template is applied with its defaults here", {}),
     _refused("critic.ppo_mini_batch_size", f"the critic updates on {_AR}.actor.ppo_mini_batch_size here"),
     _refused("critic.ppo_epochs", f"the critic trains {_AR}.actor.ppo_epochs epochs here"),
     _refused("critic.shuffle", "mini-batches keep the batch's order here", False),
     _refused("critic.loss_scale_factor", "the loss is aggregated by critic.loss_agg_mode alone here", None),
-    _refused("critic.ppo_micro_batch_size", "a global micro-batch size is not here: use critic.ppo_micro_batch_size_per_gpu", None),
     _refused("*optim.optimizer", "the optimizer is AdamW here", "AdamW"),
     _refused("*optim.optimizer_impl", "the optimizer is torch.optim's AdamW here", "torch.optim"),
-    _refused("*optim.betas", "AdamW's betas are (0.9, 0.999) here", [0.9, 0.999]),
-    _refused("*optim.lr_warmup_steps_ratio", "the learning rate is constant here (no warm-up)", 0, 0.0),
-    _refused("*optim.lr_warmup_steps", "the learning rate is constant here (no warm-up)", -1, 0),
-    _refused("*optim.lr_scheduler_type", "the learning rate is constant here", "constant"),
-    _refused("*optim.warmup_style", "the learning rate is constant here", None, "constant"),
     _refused("*optim.override_optimizer_config", "the optimizer is used with its defaults here", None),
-    _ignored("*optim.*", "a learning-rate schedule setting: the learning rate is constant here"),
-    _refused("reward_model.reward_manager", "rewards are scored one response at a time (verl's naive manager) here", None, "naive"),
-    _refused("reward.reward_manager.name", "rewards are scored one response at a time (verl's naive manager) here", "naive"),
+    _ignored("*optim.total_training_steps", "verl sets it to the run's steps, as the schedule here takes them "
+             "(trainer.total_training_steps, else the epochs' steps)"),
     _refused("reward.reward_manager.source", "rewards are scored by verl's registered naive manager here", "register"),
     _refused("reward.reward_manager.module.path", "a custom reward manager is not here", None),
     _refused("*sandbox_fusion.url", "code execution in a sandbox (sandbox fusion) is not here", None),
@@ -181,9 +274,8 @@ RULES: tuple[Rule, ...] = (
     _refused("transfer_queue.enable", "the transfer queue is not here: batches pass through the controller", False),
     _refused("skip.*.enable", "replaying dumped rollouts is not here", False),
     # --- no effect on the numbers: accepted with a one-line warning ---------------------------------------------------
+    _ignored("hydra.*", "Hydra's own settings (where it looks for config files): verl's Hydra files are not read here"),
     _ignored("*._target_", "the Python class Hydra builds the section with: no classes are built from the config here"),
-    _ignored(f"{_AR}.*.strategy", f"the sharding is actor.strategy here (dp | fsdp): {_ENGINE}"),
-    _ignored("critic.strategy", f"the sharding is critic.strategy here (dp | fsdp): {_ENGINE}"),
     _ignored("*fsdp_config.*", _ENGINE),
     _ignored("critic.fsdp.*", _ENGINE),
     _ignored("*ulysses_sequence_parallel_size", "sequence parallelism: " + _MEMORY),
@@ -202,7 +294,8 @@ RULES: tuple[Rule, ...] = (
     _ignored("critic.forward_micro_batch_size*", "the critic's forward passes use critic.ppo_micro_batch_size_per_gpu: " + _MEMORY),
     _ignored("*use_shm", "loading the model through shared memory: speed only"),
     _ignored("*trust_remote_code", "models and tokenizers load without remote code here"),
-    _ignored("*.checkpoint.*", "what a checkpoint holds: here always the model, the optimizer and the step"),
+    _ignored("*.checkpoint.*", "what a checkpoint holds: here always the model, the optimizer and the step "
+             "(trainer.save_hf=true adds a Hugging Face model of the last step)"),
     _ignored("*profiler*", "verl's profilers are not here: timing_s/* metrics are written every step"),
     _ignored("*seed", _SEED),
     _ignored("*full_determinism", _SEED),
@@ -210,18 +303,16 @@ RULES: tuple[Rule, ...] = (
     _ignored("critic.enable", "a critic is used exactly when algorithm.adv_estimator is gae"),
     _ignored("critic.model.*", "the critic loads like the actor's model here (critic.model.path is read)"),
     _ignored("*qat.*", "quantization-aware training is not here (its .enable is refused)"),
-    _ignored(f"{_AR}.model.lora_alpha", "LoRA is not here (lora_rank is refused)"),
-    _ignored(f"{_AR}.model.target_modules", "LoRA is not here (lora_rank is refused)"),
-    _ignored(f"{_AR}.model.exclude_modules", "LoRA is not here (lora_rank is refused)"),
-    _ignored(f"{_AR}.model.lora.*", "LoRA is not here (lora.rank is refused)"),
+    _ignored(f"{_AR}.model.lora.merge", "how verl hands LoRA weights to vLLM (merged, or as adapters): the same "
+             "function either way; merged here always"),
+    _ignored(f"{_AR}.model.lora.*", "verl's Megatron LoRA settings (lora.rank is refused; LoRA on FSDP is "
+             "model.lora_rank)"),
     _ignored(f"{_AR}.model.mtp.*", "multi-token prediction is not here (mtp.enable is refused)"),
     _ignored(f"{_AR}.model.enable_activation_offload", _MEMORY),
-    _ignored(f"{_AR}.actor.policy_loss.*", _OTHER_LOSS),
-    _ignored(f"{_AR}.actor.tau_*", _OTHER_LOSS),
-    _ignored(f"{_AR}.actor.freeze_vision_tower", _NO_VISION),
     _ignored(f"{_AR}.actor.use_prefix_grouper", _MEMORY),
     _ignored(f"{_AR}.actor.calculate_entropy", "actor/entropy is computed every step here"),
-    _ignored(f"{_AR}.actor.calculate_sum_pi_squared", "a diagnostic of other verl estimators: not computed here"),
+    _ignored(f"{_AR}.actor.calculate_sum_pi_squared", "computed here exactly when algorithm.adv_estimator uses it "
+             "(the optimal token baselines)"),
     _ignored(f"{_AR}.rollout.multi_turn.*", "multi-turn rollouts are not here (multi_turn.enable is refused)"),
     _ignored(f"{_AR}.rollout.disaggregation.*", "rollouts are generated in one engine here (disaggregation.enabled is refused)"),
     _ignored(f"{_AR}.rollout.prompt_length", "verl copies data.max_prompt_length here: set that"),
@@ -229,7 +320,6 @@ RULES: tuple[Rule, ...] = (
     _ignored(f"{_AR}.rollout.n_gpus_per_node", "the rollout shares the trainer's GPUs here (trainer.n_gpus_per_node)"),
     _ignored(f"{_AR}.rollout.nnodes", "the rollout shares the trainer's nodes here (trainer.nnodes)"),
     _ignored(f"{_AR}.rollout.mode", "rollouts are generated in the trainer's step here, by rollout.name's engine"),
-    _ignored(f"{_AR}.rollout.calculate_log_probs", "rollout log-probs are compared to the actor's (rollout/logprob_diff) here"),
     _ignored(f"{_AR}.rollout.logprobs_mode", "the old log-probs are recomputed by the actor here"),
     _ignored(f"{_AR}.rollout.agent.*", "agent loops are not here: one response per sample"),
     _ignored(f"{_AR}.rollout.trace.*", "rollout tracing is not here"),
@@ -252,16 +342,14 @@ RULES: tuple[Rule, ...] = (
     _ignored("data.tool_config_path", "multi-turn tools are not here"),
     _ignored("data.function_tool_path", "multi-turn tools are not here"),
     _ignored("data.custom_cls.name", "a custom dataset class is not here (custom_cls.path is refused)"),
-    _ignored("data.image_*", _NO_VISION),
-    _ignored("data.video_key", _NO_VISION),
-    _ignored("data.audio_key", _NO_VISION),
-    _ignored("data.mm_processor_kwargs", _NO_VISION),
     _ignored("trainer.balance_batch", "verl reorders a batch's samples to balance sequence lengths across workers; "
              "samples stay in order here (with one worker nothing changes)"),
     _ignored("trainer.project_name", "a tracker's project name: no tracker here (runs/<experiment_name> holds the run)"),
     _ignored("trainer.log_val_generations", "validation generations are not logged here"),
     _ignored("trainer.rollout_data_dir", "rollouts are not dumped here"),
     _ignored("trainer.validation_data_dir", "validation generations are not dumped here"),
+    _ignored("trainer.resume_from_path", "verl reads it only with trainer.resume_mode=resume_path, which is refused "
+             "here (a run resumes from its own run directory); with auto or disable it changes nothing, as in verl"),
     _ignored("trainer.default_local_dir", "checkpoints live in the run directory here (trainer.run_dir)"),
     _ignored("trainer.default_hdfs_dir", "checkpoints live in the run directory here (trainer.run_dir)"),
     _ignored("trainer.del_local_ckpt_after_load", "checkpoints live in the run directory here (trainer.keep_last)"),
@@ -271,7 +359,6 @@ RULES: tuple[Rule, ...] = (
     _ignored("trainer.ray_wait_register_center_timeout", "verl's Ray register center is not here"),
     _ignored("trainer.use_v1", "one trainer loop here"),
     _ignored("trainer.v1.*", "training is synchronous here (trainer.v1.trainer_mode is refused)"),
-    _ignored("algorithm.rollout_correction.*", "rollout correction is not here (rollout_is and rollout_rs are refused)"),
     _ignored("algorithm.filter_groups.*", "dynamic sampling is not here (filter_groups.enable is refused)"),
     _ignored("algorithm.pf_ppo.*", "PF-PPO is not here (use_pf_ppo is refused)"),
     _ignored("reward_model.*", "a setting of verl's reward-model workers; the reward model (reward.model_path) runs "
@@ -303,7 +390,11 @@ def is_verl_key(key: str) -> bool:
 
 def rule_for(key: str) -> Rule | None:
     """The first rule matching a verl key, None for a key that is not verl's or has no rule (ours by its name)."""
-    if not is_verl_key(key):
+    if "@" in key:  # Hydra's GROUP@PATH=CHOICE: another of verl's config files for a section
+        return next(rule for rule in RULES if rule.matches(key))
+    if not is_verl_key(key) and key not in HYDRA_GROUPS and key not in ADDED_KEYS:
+        if any(fnmatch.fnmatchcase(key, section) for section in OPEN_SECTIONS):
+            return next(rule for rule in RULES if rule.matches(key))
         return None
     return next((rule for rule in RULES if rule.matches(key)), None)
 

@@ -34,12 +34,19 @@ def default_compute_score(data_source, solution_str, ground_truth, extra_info=No
 
     DAPO's scorer returns verl's dict (score, acc, pred); its score is the float returned here.
     """
+    result = compute_score_result(data_source, solution_str, ground_truth, extra_info)
+    return float(result["score"] if isinstance(result, dict) else result)
+
+
+def compute_score_result(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> "float | dict":
+    """default_compute_score's result as verl's returns it: DAPO's scorer's whole dict (score, acc, pred), which a
+    reward manager keeps as extra information (validation reports acc as its core metric)."""
     if data_source in GSM8K_SOURCES:
         return float(gsm8k.compute_score(solution_str, ground_truth))
     if data_source in MATH_SOURCES:
         return float(math_reward.compute_score(solution_str, ground_truth))
     if data_source in DAPO_SOURCES or data_source.startswith("aime"):
-        return float(math_dapo.compute_score(solution_str, ground_truth)["score"])
+        return math_dapo.compute_score(solution_str, ground_truth)
     if data_source in toy.SCORERS:
         return toy.SCORERS[data_source](solution_str, ground_truth)
     elsewhere = ""
@@ -58,4 +65,4 @@ def load_reward_fn(spec: str | None) -> RewardFn:
     return load_custom_function(spec)
 
 
-__all__ = ["RewardModelScorer", "default_compute_score", "load_reward_fn", "RewardFunctionError"]
+__all__ = ["RewardModelScorer", "compute_score_result", "default_compute_score", "load_reward_fn", "RewardFunctionError"]

@@ -21,6 +21,7 @@ import torch
 
 from verl_runtime.checkpoint import rng_state, set_rng_state
 from verl_runtime.errors import ConfigError
+from verl_runtime.lora import rollout_weights
 from verl_runtime.rollout.base import RolloutBatch, SamplingParams, assemble_batch, left_pad
 from verl_runtime.rollout.hf import eos_token_ids
 
@@ -119,7 +120,8 @@ class VLLMRolloutEngine:
     def sync_weights(self, model) -> None:
         """Copy the actor's current parameters into vLLM's model, in memory, and drop KV computed with the old ones."""
         self._wake("weights")  # the KV cache stays asleep until generate(): less peak memory beside the trainer
-        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        # LoRA: the merged weights under the base model's names (lora.rollout_weights); else the state_dict itself
+        weights = [(name, tensor.detach()) for name, tensor in rollout_weights(model).items()]
         self.llm.collective_rpc(lambda worker: worker.model_runner.reload_weights(weights_iterator=iter(weights)))
         self.llm.reset_prefix_cache()
 

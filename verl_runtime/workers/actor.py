@@ -9,12 +9,23 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from verl_runtime.algorithms import agg_loss, compute_policy_loss, kl_penalty
+from verl_runtime.algorithms import (
+    agg_loss,
+    calculate_sum_pi_squared_from_logits,
+    compute_policy_loss,
+    get_policy_loss_fn,
+    kl_penalty,
+    logprobs_from_logits,
+)
+from verl_runtime import lora
 from verl_runtime.config import Config
 from verl_runtime.controller import ALL, DP_SPLIT, RANK_ZERO, chunks, register
-from verl_runtime.models import load_causal_lm, resolve_dtype, response_log_probs
+from verl_runtime.errors import UserError
+from verl_runtime.models import load_causal_lm, resolve_dtype, response_log_probs, response_logits
 from verl_runtime.rollout import SamplingParams, make_rollout_engine
-from verl_runtime.workers import parallel
+from verl_runtime.rollout.base import logit_temperature
+from verl_runtime.rollout_correction import compute_policy_loss_bypass_mode
+from verl_runtime.workers import optim, parallel
 
 ROLLOUT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
 
@@ -26,6 +37,8 @@ class ActorWorker:
         self.model = load_causal_lm(
             config.model.path, torch.float32, device, gradient_checkpointing=config.model.gradient_checkpointing
         )
+        if config.model.uses_lora:  # only the adapters train; the optimizer gets only them (requires_grad)
+            self.model = lora.wrap(self.model, config.model)
         disable_dropout(self.model)
         self.model.eval()  # train() only inside update(), which gradient checkpointing needs
         parallel.broadcast_weights(self.model)
@@ -35,7 +48,7 @@ class ActorWorker:
         self.rollout_model = copy.deepcopy(self.model) if sharded and parallel.rank() == 0 else None
         if sharded:
             parallel.shard(self.model)
-        self.optimizer = parallel.adamw(self.model, config.actor.lr, config.actor.weight_decay)
+        self.optimizer = optim.build_optimizer(self.model, config.actor, sharded=parallel.is_sharded(self.model))
         self.rollout = self._make_rollout(config, tokenizer, device) if parallel.rank() == 0 else None
 
     def _make_rollout(self, config: Config, tokenizer, device: torch.device):
@@ -70,17 +83,47 @@ class ActorWorker:
         """Log-probs [B, R] of the responses under the current policy (PPO's "old" log-probs)."""
         size = self.config.rollout.log_prob_micro_batch_size_per_gpu
         with self.mixed_precision():
-            return log_probs(self.model, batch, size, self.config.rollout.temperature)
+            return log_probs(self.model, batch, size, logit_temperature(self.config.rollout.temperature))
 
     @register(DP_SPLIT)
-    def update(self, batch: dict, mini_batch_size: int) -> dict[str, float]:
+    def compute_ref_log_prob(self, batch: dict) -> torch.Tensor:
+        """With LoRA, the reference policy's log-probs: the actor with its adapters disabled, the base model (verl's
+        ref_in_actor; no reference worker is built then)."""
+        size = self.config.ref.log_prob_micro_batch_size_per_gpu
+        with self.model.disable_adapter(), self.mixed_precision():
+            return log_probs(self.model, batch, size, logit_temperature(self.config.rollout.temperature))
+
+    @register(DP_SPLIT)
+    def compute_log_prob_and_sum_pi_squared(self, batch: dict) -> dict[str, torch.Tensor]:
+        """compute_log_prob's log-probs and, from the same logits, the sum over the vocabulary of p^2 at each token
+        (verl's calculate_sum_pi_squared: the optimal token baselines' input)."""
+        response_length = batch["responses"].shape[1]
+        temperature = logit_temperature(self.config.rollout.temperature)
+        log_prob, sum_pi_squared = [], []
+        with self.mixed_precision(), torch.inference_mode():
+            for micro in chunks(batch, self.config.rollout.log_prob_micro_batch_size_per_gpu):
+                logits = response_logits(self.model, micro["input_ids"], micro["attention_mask"], micro["position_ids"],
+                                         response_length, temperature)
+                log_prob.append(logprobs_from_logits(logits, micro["input_ids"][:, -response_length:]))
+                sum_pi_squared.append(calculate_sum_pi_squared_from_logits(logits))
+        return {"old_log_prob": torch.cat(log_prob).clone(), "sum_pi_squared": torch.cat(sum_pi_squared).clone()}
+
+    @register(DP_SPLIT)
+    def update(self, batch: dict, mini_batch_size: int, lr: float | None = None) -> dict[str, float]:
         """PPO epochs over mini-batches; micro-batches accumulate gradients of one mini-batch-wide loss.
 
         Without ``old_log_prob`` in the batch the update is on-policy (one epoch, one mini-batch): the old
-        log-probs are the current ones, detached, so no separate forward pass is needed.
+        log-probs are the current ones, detached, so no separate forward pass is needed. ``lr``: this step's
+        learning rate (the controller's schedule, workers/optim.py); None keeps the optimizer's.
         """
         cfg = self.config.actor
+        if lr is not None:
+            optim.set_learning_rate(self.optimizer, lr)
+        loss_mode = cfg.policy_loss.loss_mode
         on_policy = "old_log_prob" not in batch
+        correction = self.config.algorithm.rollout_correction
+        # verl's bypass mode: the old log-probs are the rollout's, and its loss replaces loss_mode (as in verl)
+        bypass = correction.bypass_mode and self.config.rollout.calculate_log_probs and "rollout_log_probs" in batch
         response_length = batch["responses"].shape[1]
         stats = defaultdict(list)
         sampler_gap = []  # |sampler - trainer| log-prob per token, before any update: rollout/logprob_diff
@@ -97,17 +140,37 @@ class ActorWorker:
                     with self.mixed_precision():
                         log_prob, entropy = response_log_probs(
                             self.model, micro["input_ids"], micro["attention_mask"], micro["position_ids"],
-                            response_length, temperature=self.config.rollout.temperature, with_entropy=True,
+                            response_length, temperature=logit_temperature(self.config.rollout.temperature),
+                            with_entropy=True,
                         )
                     old_log_prob = log_prob.detach() if on_policy else micro["old_log_prob"]
-                    if epoch == 0 and "rollout_log_probs" in micro:
+                    if epoch == 0 and "rollout_log_probs" in micro and not bypass:
                         sampler_gap.append((micro["rollout_log_probs"] - old_log_prob).abs()[mask.bool()])
-                    pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
-                        old_log_prob, log_prob, micro["advantages"], mask,
-                        cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low,
-                        cliprange_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-                        loss_agg_mode=cfg.loss_agg_mode, global_batch_info=info,
-                    )
+                    share = mask.sum() / info["batch_num_tokens"]  # weights the per-token fractions
+                    weights = micro.get("rollout_is_weights")  # decoupled rollout correction's, if any
+                    if bypass:
+                        pg_loss, pg_metrics = compute_policy_loss_bypass_mode(
+                            old_log_prob, log_prob, micro["advantages"], mask, cfg.loss_agg_mode, cfg, correction, info
+                        )
+                        for key, value in pg_metrics.items():
+                            totals[key] += value * share
+                    elif loss_mode == "vanilla":
+                        pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
+                            old_log_prob, log_prob, micro["advantages"], mask,
+                            cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low,
+                            cliprange_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+                            loss_agg_mode=cfg.loss_agg_mode, global_batch_info=info, token_weights=weights,
+                        )
+                        totals["actor/pg_clipfrac"] += clipfrac.detach() * share
+                        totals["actor/ppo_kl"] += ppo_kl.detach() * share
+                        totals["actor/pg_clipfrac_lower"] += clipfrac_lower.detach() * share
+                    else:  # verl's registered form: the actor config (with the batch totals) in, a metric dict out
+                        pg_loss, pg_metrics = get_policy_loss_fn(loss_mode)(
+                            old_log_prob, log_prob, micro["advantages"], mask, cfg.loss_agg_mode, LossConfig(cfg, info),
+                            rollout_is_weights=weights,
+                        )
+                        for key, value in pg_metrics.items():
+                            totals[key] += value * share
                     entropy_loss = agg_loss(
                         entropy if cfg.entropy_coeff else entropy.detach(), mask, cfg.loss_agg_mode, **info
                     )
@@ -118,13 +181,9 @@ class ActorWorker:
                         loss = loss + cfg.kl_loss_coef * kl_loss
                         totals["actor/kl_loss"] += kl_loss.detach()
                     loss.backward()
-                    share = mask.sum() / info["batch_num_tokens"]  # weights the per-token fractions
                     totals["actor/loss"] += loss.detach()
                     totals["actor/pg_loss"] += pg_loss.detach()
                     totals["actor/entropy"] += entropy_loss.detach()
-                    totals["actor/pg_clipfrac"] += clipfrac.detach() * share
-                    totals["actor/ppo_kl"] += ppo_kl.detach() * share
-                    totals["actor/pg_clipfrac_lower"] += clipfrac_lower.detach() * share
                 values, grad_norm = parallel.finish_mini_batch(
                     self.model, self.optimizer, totals, cfg.grad_clip, "actor/loss", "actor.lr", cfg.lr
                 )
@@ -138,7 +197,6 @@ class ActorWorker:
             gaps = torch.cat(sampler_gap)
             total = parallel.sum_across_ranks({"sum": float(gaps.sum()), "tokens": gaps.numel()})
             metrics["rollout/logprob_diff"] = total["sum"] / max(total["tokens"], 1)
-        metrics["actor/lr"] = cfg.lr
         if cfg.use_kl_loss:
             metrics["actor/kl_coef"] = cfg.kl_loss_coef
         return metrics
@@ -159,18 +217,39 @@ class ActorWorker:
     def state_dict(self) -> dict | None:
         """The whole model and optimizer state (rank 0 returns it; every rank takes part under FSDP)."""
         state = parallel.full_state(self.model, self.optimizer)
+        if lora.is_lora(self.model):
+            state["lora"] = lora.lora_state(self.model)  # how to merge or export the adapters without peft
         return state if parallel.rank() == 0 else None
 
     @register(ALL)
     def load_state_dict(self, state: dict) -> None:
+        if ("lora" in state) != lora.is_lora(self.model):
+            trained, now = ("with", "without") if "lora" in state else ("without", "with")
+            raise UserError(f"the checkpoint was trained {trained} LoRA and this run is {now} it: set model.lora_rank "
+                            "as the run had it, or train under another trainer.experiment_name")
         parallel.load_full_state(self.model, self.optimizer, state)
         self._sync_rollout()
+
+
+class LossConfig:
+    """The actor config as verl's policy losses read it: its fields, plus the mini-batch totals (global_batch_info)."""
+
+    def __init__(self, actor_config, global_batch_info: dict):
+        self._config, self.global_batch_info = actor_config, global_batch_info
+
+    def __getattr__(self, name: str):
+        return getattr(self._config, name)
+
+    def get(self, name: str, default=None):
+        return getattr(self._config, name, default)
 
 
 def log_probs(model: nn.Module, batch: dict, micro_batch_size: int, temperature: float) -> torch.Tensor:
     """Response log-probs [B, R] in micro-batches, without autograd."""
     response_length = batch["responses"].shape[1]
-    with torch.inference_mode():
+    # Not inference mode under FSDP: its unsharded parameter buffers are reused by the next training forward, and an
+    # inference tensor cannot be updated in place outside inference mode (the LoRA actor as its own reference).
+    with torch.inference_mode(not parallel.is_sharded(model)), torch.no_grad():
         parts = [
             response_log_probs(
                 model, micro["input_ids"], micro["attention_mask"], micro["position_ids"], response_length,

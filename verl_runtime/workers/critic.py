@@ -10,7 +10,7 @@ from verl_runtime.algorithms import compute_value_loss, masked_mean
 from verl_runtime.config import Config
 from verl_runtime.controller import ALL, DP_SPLIT, chunks, register
 from verl_runtime.models import load_value_model, response_values
-from verl_runtime.workers import parallel
+from verl_runtime.workers import optim, parallel
 from verl_runtime.workers.actor import disable_dropout, mixed_precision
 
 
@@ -27,7 +27,7 @@ class CriticWorker:
         parallel.broadcast_weights(self.model)  # the value head is freshly initialised on each rank
         if config.critic.strategy == "fsdp" and parallel.world_size() > 1:
             parallel.shard(self.model)
-        self.optimizer = parallel.adamw(self.model, config.critic.lr, config.critic.weight_decay)
+        self.optimizer = optim.build_optimizer(self.model, config.critic, sharded=parallel.is_sharded(self.model))
 
     def _values(self, batch: dict) -> torch.Tensor:
         with self.mixed_precision():
@@ -45,9 +45,12 @@ class CriticWorker:
         return values.clone()
 
     @register(DP_SPLIT)
-    def update(self, batch: dict, mini_batch_size: int) -> dict[str, float]:
-        """Fit the values to the returns: PPO epochs over mini-batches, micro-batch gradient accumulation."""
+    def update(self, batch: dict, mini_batch_size: int, lr: float | None = None) -> dict[str, float]:
+        """Fit the values to the returns: PPO epochs over mini-batches, micro-batch gradient accumulation.
+        ``lr``: this step's learning rate (the controller's schedule); None keeps the optimizer's."""
         cfg = self.config.critic
+        if lr is not None:
+            optim.set_learning_rate(self.optimizer, lr)
         stats = defaultdict(list)
         self.model.train()
         for _ in range(self.config.actor.ppo_epochs):
@@ -74,9 +77,7 @@ class CriticWorker:
                     stats[key].append(value)
                 stats["critic/grad_norm"].append(grad_norm)
         self.model.eval()
-        metrics = {key: sum(v) / len(v) for key, v in stats.items()}
-        metrics["critic/lr"] = cfg.lr
-        return metrics
+        return {key: sum(v) / len(v) for key, v in stats.items()}
 
     @register(ALL)
     def state_dict(self) -> dict | None:

@@ -87,12 +87,6 @@ def shard(model: nn.Module) -> nn.Module:
     return model
 
 
-def adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW over the model's parameters: the fused kernel (one pass over all parameters, a third of foreach's time on
-    the CPU) unless FSDP shards them, where the default implementation handles the DTensors."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=not is_sharded(model))
-
-
 def is_sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
@@ -122,7 +116,7 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
 
     options = StateDictOptions(full_state_dict=True)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
-    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    index = {name: i for i, name in enumerate(_trainable_names(model))}  # the optimizer's order (optim.trainable)
     optim_state = {
         "state": {index[name]: value for name, value in optim_state["state"].items()},
         "param_groups": [{**group, "params": [index[name] for name in group["params"]]} for group in optim_state["param_groups"]],
@@ -138,7 +132,7 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: d
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    names = [name for name, _ in model.named_parameters()]
+    names = _trainable_names(model)
     optim = state["optimizer"]
     optim_state = {
         "state": {names[i]: value for i, value in optim["state"].items()},
@@ -146,6 +140,10 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: d
     }
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim_state,
                    options=StateDictOptions(full_state_dict=True))
+
+
+def _trainable_names(model: nn.Module) -> list[str]:
+    return [name for name, parameter in model.named_parameters() if parameter.requires_grad]
 
 
 def finish_mini_batch(

@@ -7,6 +7,7 @@ import torch
 from verl_runtime.config import Config
 from verl_runtime.controller import DP_SPLIT, register
 from verl_runtime.models import load_causal_lm
+from verl_runtime.rollout.base import logit_temperature
 from verl_runtime.workers.actor import disable_dropout, log_probs
 
 
@@ -21,4 +22,4 @@ class ReferenceWorker:
     def compute_ref_log_prob(self, batch: dict) -> torch.Tensor:
         """Log-probs [B, R] of the responses under the reference policy."""
         size = self.config.ref.log_prob_micro_batch_size_per_gpu
-        return log_probs(self.model, batch, size, self.config.rollout.temperature)
+        return log_probs(self.model, batch, size, logit_temperature(self.config.rollout.temperature))
