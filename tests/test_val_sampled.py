@@ -16,19 +16,9 @@ from verl_runtime import validation
 from verl_runtime.config import load_config
 from verl_runtime.errors import ConfigError
 from verl_runtime.metrics import read_metrics
-from verl_wheel import WheelUnavailable, fetch_wheel, unavailable, verl_modules, wheel_cache
+from verl_wheel import verl  # verl: the fixture
 
 VAL_KWARGS = "actor_rollout_ref.rollout.val_kwargs"
-
-
-@pytest.fixture(scope="module")
-def verl(request, tmp_path_factory):
-    try:
-        root = fetch_wheel(wheel_cache(request, tmp_path_factory))
-    except WheelUnavailable as error:
-        unavailable(error)
-    with verl_modules(root) as modules:
-        yield modules
 
 
 def verl_val_metrics_update(verl):

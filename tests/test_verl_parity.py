@@ -12,19 +12,9 @@ import pytest
 import torch
 
 import verl_runtime.algorithms as A
-from verl_wheel import WheelUnavailable, fetch_wheel, unavailable, verl_modules, wheel_cache
+from verl_wheel import verl  # verl: the fixture
 
 CASES = 50
-
-
-@pytest.fixture(scope="module")
-def verl(request, tmp_path_factory):
-    try:
-        root = fetch_wheel(wheel_cache(request, tmp_path_factory))
-    except WheelUnavailable as error:
-        unavailable(error)
-    with verl_modules(root) as modules:
-        yield modules
 
 
 class Config(dict):

@@ -139,3 +139,15 @@ def verl_modules(root: Path):
         for name in [n for n in sys.modules if n.split(".")[0] in ("verl", "omegaconf", "tensordict")]:
             del sys.modules[name]
         sys.modules.update(saved)
+
+
+@pytest.fixture(scope="module")
+def verl(request, tmp_path_factory):
+    """verl 0.9.1's modules loaded from its wheel (skipped with a reason where the wheel cannot be had, outside CI).
+    A test module uses it with `from verl_wheel import verl`."""
+    try:
+        root = fetch_wheel(wheel_cache(request, tmp_path_factory))
+    except WheelUnavailable as error:
+        unavailable(error)
+    with verl_modules(root) as modules:
+        yield modules
