@@ -60,6 +60,18 @@ class RunDirBusy(UserError):
     """Another live trainer holds the run directory."""
 
 
+def replace_text(path, text: str) -> None:
+    """Write a small file of the run directory whole or not at all (a temp file renamed over it; removed when the
+    write fails, a full disk say), so a crash never leaves half of it for the next start to read."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 # --- the trainer's lock ---------------------------------------------------------------------------------------
 
 @contextlib.contextmanager

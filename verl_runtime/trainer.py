@@ -95,9 +95,11 @@ class SingleControllerTrainer:
         cfg = self.config
         run_dir = cfg.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
+        # Resume first: a refused one (every checkpoint unusable) leaves the run's config.yaml as it was.
+        start = self.resume(run_dir) if cfg.trainer.resume == "auto" else 0
         if cfg.trainer.resume == "auto":
             report_config_changes(run_dir, cfg)
-        (run_dir / rundir.CONFIG_FILE).write_text(to_yaml(cfg))
+        rundir.replace_text(run_dir / rundir.CONFIG_FILE, to_yaml(cfg))
         train = self.load_prompts(cfg.data.train_files, "train")
         val = self.load_prompts(cfg.data.val_files, "val") if cfg.data.val_files else []
         steps_per_epoch = len(batch_indices(len(train), cfg.data.batch_size, cfg.trainer.seed, 0, cfg.data.shuffle))
@@ -109,7 +111,6 @@ class SingleControllerTrainer:
             max_new_tokens=cfg.data.max_response_length, do_sample=cfg.rollout.do_sample,
         )
         mini = mini_batch_size(cfg) * cfg.rollout.n  # samples per optimizer step
-        start = self.resume(run_dir) if cfg.trainer.resume == "auto" else 0
         if start >= total:
             print(f"[INFO] {run_dir} already finished step {start} of {total}: nothing to do (to train again, set "
                   "trainer.resume=disable or another trainer.experiment_name)", flush=True)
