@@ -171,3 +171,23 @@ def test_toy_rows_load_back_from_parquet(tmp_path):
 def test_unknown_toy_task():
     with pytest.raises(DataError, match="unknown toy task 'chess'"):
         make_toy_rows("chess", 4, seed=0)
+
+
+@pytest.mark.parametrize("images", [[{"image": "a.png"}], ["a.png"]])
+def test_a_multimodal_row_is_refused_naming_verl_not_trained_text_only(tmp_path, images):
+    """verl reads the images column of a row by default, with no key set: ignoring it would train other numbers."""
+    rows = [{"data_source": "geo3k", "prompt": [{"role": "user", "content": "<image> angle?"}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": "30"}, "extra_info": {}, "images": images}]
+    path = tmp_path / "vl.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(DataError) as refused:
+        load_rows(path)
+    assert "row 0 holds 'images'" in str(refused.value) and "--runtime verl" in str(refused.value)
+
+
+def test_text_rows_with_empty_media_columns_train(tmp_path):
+    rows = [{"data_source": "gsm8k", "prompt": [{"role": "user", "content": "1+1?"}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": "2"}, "extra_info": {}, "images": [], "videos": None}]
+    path = tmp_path / "text.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert len(load_rows(path)) == 1

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_runtime.errors import DataError
+from verl_runtime.verl_keys import RUN_WITH_VERL
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,10 @@ def require_columns(rows: list[dict], columns, path) -> None:
             raise DataError(f"{path}: missing column(s) {names} (row {i}); expected columns: {', '.join(columns)}")
 
 
+# The columns of images, videos and audio verl's RLHFDataset reads (data.image_key, video_key, audio_key defaults).
+MEDIA_COLUMNS = ("images", "videos", "audios")
+
+
 def load_rows(path) -> list[dict]:
     """Read a data file in verl's layout; missing columns and malformed prompts are named."""
     rows = read_records(path)
@@ -80,12 +85,21 @@ def load_rows(path) -> list[dict]:
         raise DataError(f"data file {path} holds no rows")
     require_columns(rows, REQUIRED_COLUMNS, path)
     for i, row in enumerate(rows):
+        media = next((column for column in MEDIA_COLUMNS if _present(row.get(column))), None)
+        if media:  # verl reads these columns by default: training on the text alone would give other numbers
+            raise DataError(f"{path}, row {i} holds {media!r}: multi-modal data is out of this runtime's scope; "
+                            f"run it with {RUN_WITH_VERL}")
         if not _is_chat(row["prompt"]):
             raise DataError(
                 f"{path}, row {i}: 'prompt' must be a list of chat messages like "
                 "[{\"role\": \"user\", \"content\": \"...\"}]"
             )
     return rows
+
+
+def _present(value) -> bool:
+    """A cell that holds something (None and empty lists, as parquet gives text-only rows, do not)."""
+    return value is not None and (not hasattr(value, "__len__") or len(value) > 0)
 
 
 def _is_chat(prompt) -> bool:
