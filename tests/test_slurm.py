@@ -4,17 +4,20 @@ starts one on this host: slurmctld and slurmd, one partition, no GPUs, no accoun
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
-from conftest import require
+from conftest import free_port, require
 from launch_support import QUICKSTART, cli, metrics_steps, wait_for
 
+from verl_deploy.launchers import slurm as slurm_launcher
 from verl_deploy.launchers.slurm import partition_gpus
 from verl_deploy.runs import read_record
-from verl_runtime.rundir import JOB_LOG, JOB_SCRIPT
+from verl_runtime.rundir import JOB_EXIT, JOB_LOG, JOB_SCRIPT
 
 SHORT = ["--memory", "2g", "--set", "data.max_response_length=8", "--set", "trainer.test_freq=-1"]
 
@@ -180,3 +183,82 @@ def test_quickstart_trains_in_the_run_image_on_the_node(tmp_path, slurm, cpu_ima
     assert "docker run --rm --name sl-image-trainer-" in (runs / "sl-image" / JOB_SCRIPT).read_text()
     assert metrics_steps(runs / "sl-image") == [1, 2]
     assert json.loads(cli("status", "sl-image", "--runs-dir", runs, "--json").stdout)["state"] == "succeeded"
+
+
+# --- two nodes on one host: the two-node script's Ray start-up, executed -----------------------------------------
+
+# srun for a job whose second node is this host: it records how the step was asked for, then runs the step's command
+# as that node's task (its Slurm variables, its own TMPDIR). exec: a signal to this srun reaches the task, as srun
+# forwards one.
+SRUN_ON_ONE_HOST = """#!/bin/bash
+printf '%s\\n' "$*" >> "$SRUN_CALLS"
+while [ $# -gt 0 ] && [ "${1#--}" != "$1" ]; do shift; done
+export SLURMD_NODENAME="$SECOND_NODE" SLURM_NODEID=1 SLURM_PROCID=0 SLURM_STEP_ID=0 TMPDIR="$SECOND_NODE_TMP"
+exec "$@"
+"""
+
+
+def _processes_with(marker: str) -> list[int]:
+    """The live processes whose environment carries marker: everything a job started, however it detached."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            pass  # ended meanwhile
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_two_node_script_starts_ray_on_both_nodes_trains_across_them_and_tears_down(tmp_path, monkeypatch):
+    """The batch script for --nodes 2, run by bash as the batch step would, with Slurm's variables for two nodes that
+    are both this host and srun standing in as above: a real Ray head, a real Ray worker joining it, the trainer on
+    the head. Not proven here: two machines, sbatch's allocation of them, the network between them."""
+    ray_cli = Path(sys.executable).parent / "ray"
+    require(ray_cli.exists(), "the ray command is not installed (pip install verl-deploy[runtime])")
+    monkeypatch.setattr(slurm_launcher, "RAY_PORT", free_port())  # not 6379: other Ray clusters may run here
+    runs, run_id = tmp_path / "runs", "sl-two"
+    rendered = cli("run", QUICKSTART, "--target", "slurm", "--nodes", "2", "--runs-dir", runs, "--run-id", run_id,
+                   "--dry-run", *SHORT, "--set", "trainer.total_training_steps=2", "--set", "trainer.n_workers=2",
+                   # a whole node's CPUs per worker: the two workers can only be placed one on each node
+                   "--set", f"trainer.cpus_per_worker={os.cpu_count()}")
+    assert rendered.exit_code == 0, rendered.output
+    script, log, calls = tmp_path / JOB_SCRIPT, tmp_path / JOB_LOG, tmp_path / "srun-calls"
+    script.write_text(rendered.stdout)
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "srun").write_text(SRUN_ON_ONE_HOST)
+    (shims / "srun").chmod(0o755)
+    (tmp_path / "node-2-tmp").mkdir()
+    head = subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+    marker = f"VERL_DEPLOY_TEST_JOB=sl-two-{uuid.uuid4().hex}"
+    env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_NNODES": "2",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": f"{head},{head}-2", "SLURMD_NODENAME": head,
+           "SLURM_NODEID": "0", "SECOND_NODE": f"{head}-2", "SECOND_NODE_TMP": str(tmp_path / "node-2-tmp"),
+           "SRUN_CALLS": str(calls),
+           "RAY_AUTH_MODE": "disabled",  # as tests/test_ray_cluster.py: a local ray.init here may have left a token
+           marker.split("=")[0]: marker.split("=")[1]}
+    with open(log, "w") as out:
+        job = subprocess.Popen(["bash", str(script)], stdout=out, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True)
+    try:
+        code = job.wait(timeout=300)
+        output = log.read_text()
+        assert code == 0, output[-3000:]
+        [call] = calls.read_text().splitlines()  # one step: a worker on the node that is not the head
+        assert call.startswith(f"--overlap --nodes=1 --ntasks=1 --ntasks-per-node=1 --exclude={head} bash -c ")
+        assert call.endswith(f'{ray_cli} start "--address=$RAY_ADDRESS" --block')
+        assert "[INFO] Ray cluster: 2 node(s)" in output, output[-3000:]
+        assert "[INFO] 2 Ray worker(s) for actor on 2 node(s), cpu" in output  # world size 2, one per node
+        assert "Training finished at step 2" in output
+        assert metrics_steps(runs / run_id) == [1, 2]
+        assert json.loads((runs / run_id / JOB_EXIT).read_text()) == {"job_id": "4242", "restart": 0, "exit_code": 0}
+        # the script's own teardown: no Ray process of the job (head, worker, raylets, their workers) outlives it
+        assert wait_for(lambda: not _processes_with(marker), 60), _processes_with(marker)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        for pid in _processes_with(marker):
+            os.kill(pid, signal.SIGKILL)
