@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from launch_support import QUICKSTART, cli, containers, metrics_steps, wait_for
 
+from verl_deploy.sizes import parse_gpus
 from verl_deploy import runs
 from verl_deploy.launchers.docker import (
     PIDS_LIMIT, DockerLauncher, LaunchInterrupted, container_options, docker_run_args, secrets_dir, without_ulimits,
@@ -297,7 +298,7 @@ def test_a_run_dir_a_live_trainer_holds_is_refused(tmp_path, cpu_image, docker_c
 # --- one options object: created, and printed ------------------------------------------------------------------
 
 def test_the_dry_run_prints_the_options_the_launcher_creates(tmp_path):
-    spec = build_spec(QUICKSTART, image="img:1", runs_root=tmp_path, run_id="r1", gpus="0,1", memory="8g",
+    spec = build_spec(QUICKSTART, image="img:1", runs_root=tmp_path, run_id="r1", gpus=parse_gpus("0,1"), memory="8g",
                       cpus=2, hf_cache=tmp_path / "hf", environ={"HF_TOKEN": TOKEN})
     options = container_options(spec)
     argv = docker_run_args(options)

@@ -17,6 +17,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from verl_deploy.sizes import parse_gpus
 from verl_deploy import compat
 from verl_deploy.cli import app
 from verl_deploy.images import plan_build
@@ -151,7 +152,7 @@ def test_a_verl_run_in_docker_follows_status_logs_and_stop(docker_client, verl_i
     from verl_deploy.launchers.jobspec import Gpus, build_spec
 
     overrides = (*EXAMPLE, "trainer.n_gpus_per_node=1")
-    spec = build_spec(None, image=verl_image.tag, runs_root=tmp_path, run_id="verl-run", gpus="1", runtime="verl",
+    spec = build_spec(None, image=verl_image.tag, runs_root=tmp_path, run_id="verl-run", gpus=parse_gpus("1"), runtime="verl",
                       overrides=overrides, shm_size="2g", environ={"HF_HUB_OFFLINE": "1"})
     spec = dataclasses.replace(spec, gpus=Gpus())  # no GPU to ask the engine for
     launcher = DockerLauncher(tmp_path)

@@ -18,6 +18,7 @@ from conftest import FIXTURES, REPO, require
 from k8s_api import ApiServer, recorded
 from typer.testing import CliRunner
 
+from verl_deploy.sizes import parse_gpus
 from verl_deploy.cli import app
 from verl_deploy.launchers import kustomize
 from verl_deploy.launchers.jobspec import LaunchError, build_spec
@@ -216,7 +217,7 @@ def test_launch_server_side_applies_secret_config_volume_and_job(tmp_path, monke
     config = tmp_path / "c.yaml"
     config.write_text("model:\n  path: builtin:tiny\n")
     monkeypatch.setenv("HF_TOKEN", SECRET)
-    spec = build_spec(config, image=IMAGE, runs_root=tmp_path, run_id="r1", gpus="1", namespace="team-a")
+    spec = build_spec(config, image=IMAGE, runs_root=tmp_path, run_id="r1", gpus=parse_gpus("1"), namespace="team-a")
     answers = {**NAMESPACE, ("PATCH", "/apis/batch/v1/namespaces/team-a/jobs/r1"): "job-r1-applied.json"}
     with ApiServer(answers) as api:
         assert K8sLauncher(tmp_path, "team-a", cluster=Cluster(api.client())).launch(spec, detach=True) == 0
@@ -251,7 +252,7 @@ def test_launch_server_side_applies_secret_config_volume_and_job(tmp_path, monke
 def test_a_ray_job_owns_its_config_map_and_network_policy(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("model:\n  path: builtin:tiny\ndata:\n  batch_size: 16\n")
-    spec = build_spec(config, image=IMAGE, runs_root=tmp_path, run_id="r2", gpus="8", nodes=2, namespace="team-a",
+    spec = build_spec(config, image=IMAGE, runs_root=tmp_path, run_id="r2", gpus=parse_gpus("8"), nodes=2, namespace="team-a",
                       environ={})
     answers = {**NAMESPACE, ("PATCH", "/apis/ray.io/v1/namespaces/team-a/rayjobs/r2"): "rayjob-r2-applied.json"}
     with ApiServer(answers) as api:

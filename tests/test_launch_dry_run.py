@@ -50,7 +50,7 @@ def test_docker_dry_run_is_a_docker_run_line_with_secrets_by_name_only(config, t
 
 
 def test_sdk_options_match_the_dry_run_line(config, tmp_path):
-    spec = build_spec(config, image="img:1", runs_root=tmp_path, run_id="r1", gpus="all", ipc_host=True,
+    spec = build_spec(config, image="img:1", runs_root=tmp_path, run_id="r1", gpus=parse_gpus("all"), ipc_host=True,
                       cpus=2, memory="8g", environ={"HF_TOKEN": SECRET})
     options = container_options(spec)
     argv = docker_run_args(options)
@@ -74,7 +74,7 @@ def test_gpu_requests(text, count, ids):
 
 
 def test_uuid_gpus_become_device_requests(config, tmp_path):
-    spec = build_spec(config, image="i", runs_root=tmp_path, gpus="GPU-3f9a", environ={})
+    spec = build_spec(config, image="i", runs_root=tmp_path, gpus=parse_gpus("GPU-3f9a"), environ={})
     request = container_options(spec, environ={})["device_requests"][0]
     assert request["DeviceIDs"] == ["GPU-3f9a"] and request["Capabilities"] == [["gpu"]]
 

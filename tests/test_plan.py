@@ -10,6 +10,7 @@ import yaml
 from conftest import FIXTURES, REPO
 from typer.testing import CliRunner
 
+from verl_deploy.sizes import parse_gpus
 from verl_deploy.cli import app
 from verl_deploy.plan import plan, preflight
 from verl_deploy.plan.shape import _count_by_arithmetic, model_shape, read_config
@@ -302,7 +303,7 @@ def test_lora_adapters_are_rank_times_in_plus_out_of_every_decoder_linear(tmp_pa
 
 
 def test_preflight_refuses_a_run_that_cannot_fit_in_one_line_with_the_best_change():
-    check = preflight(REPO / "examples" / "gsm8k-grpo.yaml", [f"model.path={QWEN7B}"], target="k8s", gpus="1",
+    check = preflight(REPO / "examples" / "gsm8k-grpo.yaml", [f"model.path={QWEN7B}"], target="k8s", gpus=parse_gpus("1"),
                       gpu_type="H100")
     assert check.refuse and check.status == "does not fit" and len(check.message.splitlines()) == 1
     assert check.message.startswith("the run does not fit on H100 x 1: the ") and "--no-plan skips this check" in check.message

@@ -9,6 +9,7 @@ import yaml
 from conftest import FIXTURES, REPO
 from typer.testing import CliRunner
 
+from verl_deploy.sizes import parse_gpus
 from verl_deploy.cli import app
 from verl_deploy.plan import plan
 
@@ -29,7 +30,7 @@ def overrides_of(case: dict) -> list[str]:
 
 
 def plan_case(case: dict, **lengths):
-    return plan(None, overrides_of(case), runtime="verl", gpus=str(case["gpus"]), nodes=case["nodes"],
+    return plan(None, overrides_of(case), runtime="verl", gpus=parse_gpus(str(case["gpus"])), nodes=case["nodes"],
                 gpu_type=case["gpu_type"], read_data=False, **lengths)
 
 
@@ -62,7 +63,7 @@ def test_at_the_limits_a_micro_batch_whose_logits_alone_exceed_the_gpu_is_judged
 def test_a_run_that_cannot_fit_by_arithmetic_is_judged_not_to(case):
     if case.get("runtime") == "verl-deploy":
         result = plan(REPO / case["config"], [f"model.path={MODELS / case['model']}", *case["set"]],
-                      gpus=str(case["gpus"]), gpu_type=case["gpu_type"], read_data=False)
+                      gpus=parse_gpus(str(case["gpus"])), gpu_type=case["gpu_type"], read_data=False)
     else:
         result = plan_case(case, prompt_length=CASES["lengths"]["prompt"],
                            response_length=CASES["lengths"]["response"])

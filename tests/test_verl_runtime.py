@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from conftest import FIXTURES, REPO
 from test_k8s import assert_hardened_pod, validate
+from verl_deploy.sizes import parse_gpus
 from verl_deploy import compat
 from verl_deploy.cli import app
 from verl_deploy.images import plan_build
@@ -154,14 +155,14 @@ def test_overrides_are_kept_as_verl_takes_them():
 
 
 def test_gpus_and_nodes_become_verl_s_world_keys():
-    assert verl_world([], "2", 3) == ("2", 3)
-    assert verl_world(["trainer.n_gpus_per_node=4", "trainer.nnodes=2"], None, None) == ("4", 2)
+    assert verl_world([], parse_gpus("2"), 3) == (parse_gpus("2"), 3)
+    assert verl_world(["trainer.n_gpus_per_node=4", "trainer.nnodes=2"], None, None) == (parse_gpus("4"), 2)
     with pytest.raises(LaunchError, match="trainer.n_gpus_per_node=4 but --gpus 2"):
-        verl_world(["trainer.n_gpus_per_node=4"], "2", None)
+        verl_world(["trainer.n_gpus_per_node=4"], parse_gpus("2"), None)
     with pytest.raises(LaunchError, match="pass --gpus N"):
         verl_world([], None, None)
     with pytest.raises(LaunchError, match="--gpus all is not a count"):
-        verl_world([], "all", None)
+        verl_world([], parse_gpus("all"), None)
     args = verl_command.trainer_args(["trainer.logger=['console']"], 2, 3, "/workspace/runs/r")
     assert args[:3] == ["trainer.n_gpus_per_node=2", "trainer.nnodes=3",
                         "trainer.default_local_dir=/workspace/runs/r/checkpoints"]
@@ -273,7 +274,7 @@ def test_resume_starts_the_recorded_verl_run_again_with_what_changed(tmp_path):
     from verl_deploy.launchers.jobspec import build_spec
     from verl_deploy.runs import write_record
 
-    spec = build_spec(None, image=IMAGE, runs_root=tmp_path, run_id="grpo", gpus="2", runtime="verl",
+    spec = build_spec(None, image=IMAGE, runs_root=tmp_path, run_id="grpo", gpus=parse_gpus("2"), runtime="verl",
                       overrides=(*EXAMPLE, "~trainer.val_before_train"), environ={})
     write_record(spec.run_dir, {**spec.record(), "target": "docker"})
     again = run("--resume", "grpo", "--dry-run", "--runs-dir", str(tmp_path), "--", "trainer.total_epochs=3")

@@ -819,20 +819,29 @@ def _same_value(value: Any, accepted: Any) -> bool:
     return value == accepted and isinstance(value, bool) == isinstance(accepted, bool)
 
 
-def _set_world_size(config: Config) -> None:
-    """trainer.n_gpus_per_node x trainer.nnodes (verl's names) set trainer.n_workers; one line where they disagree."""
-    trainer = config.trainer
-    if trainer.n_gpus_per_node is None and trainer.nnodes is None:
-        return
-    if trainer.n_gpus_per_node is None:
+def world_size(trainer, visible_gpus: int | None = None) -> int | None:
+    """The runtime's one rule for how many workers train (one per GPU): trainer.n_workers, else verl's
+    trainer.n_gpus_per_node x trainer.nnodes, else, once the trainer has counted the GPUs it sees (visible_gpus;
+    0 for a CPU run), one per visible GPU and at least one; None while that count is not known. ConfigError
+    (one line) where the keys disagree."""
+    if trainer.n_gpus_per_node is None and trainer.nnodes is not None:
         raise ConfigError("trainer.nnodes needs trainer.n_gpus_per_node: the world size is their product")
-    world = trainer.n_gpus_per_node * (trainer.nnodes or 1)
-    if trainer.n_workers is not None and trainer.n_workers != world:
-        raise ConfigError(
-            f"trainer.n_workers={trainer.n_workers} but trainer.n_gpus_per_node x trainer.nnodes = "
-            f"{trainer.n_gpus_per_node} x {trainer.nnodes or 1} = {world}: give one of them, or equal ones"
-        )
-    trainer.n_workers = world
+    if trainer.n_gpus_per_node is not None:
+        world = trainer.n_gpus_per_node * (trainer.nnodes or 1)
+        if trainer.n_workers is not None and trainer.n_workers != world:
+            raise ConfigError(
+                f"trainer.n_workers={trainer.n_workers} but trainer.n_gpus_per_node x trainer.nnodes = "
+                f"{trainer.n_gpus_per_node} x {trainer.nnodes or 1} = {world}: give one of them, or equal ones"
+            )
+        return world
+    if trainer.n_workers is not None:
+        return trainer.n_workers
+    return None if visible_gpus is None else max(visible_gpus, 1)
+
+
+def _set_world_size(config: Config) -> None:
+    """trainer.n_workers from the config's keys (world_size), where they give it."""
+    config.trainer.n_workers = world_size(config.trainer)
 
 
 def _warn(message: str) -> None:

@@ -21,7 +21,7 @@ import torch
 from verl_runtime import rundir, validation
 from verl_runtime.algorithms import apply_kl_penalty, compute_advantage, get_kl_controller, sequence_scores_to_token_level
 from verl_runtime.checkpoint import latest_checkpoint, load_newest, rng_state, save_checkpoint, set_rng_state
-from verl_runtime.config import Config, diff_configs, mini_batch_size, to_yaml, validate
+from verl_runtime.config import Config, diff_configs, mini_batch_size, to_yaml, validate, world_size
 from verl_runtime.controller import WorkerGroup
 from verl_runtime.controller.ray_backend import start_worker_groups, uses_ray
 from verl_runtime.data import Prompt, batch_indices, encode_prompts, load_rows, make_toy_rows, prompt_token_ids
@@ -404,7 +404,7 @@ def resolve_world_size(config: Config) -> None:
     if config.trainer.n_workers is not None:
         return
     cuda = config.trainer.device != "cpu" and torch.cuda.is_available()
-    config.trainer.n_workers = max(torch.cuda.device_count(), 1) if cuda else 1
+    config.trainer.n_workers = world_size(config.trainer, torch.cuda.device_count() if cuda else 0)
     validate(config)
 
 

@@ -143,86 +143,44 @@ def run(
 ) -> None:
     """Train with CONFIG on this host (local), in a container (docker) or on a cluster (k8s, slurm)."""
     import dataclasses
-    import os
 
     from verl_deploy import runs
-    from verl_deploy.launchers import LaunchError, cluster_variant, default_image, ensure_default_image, get_launcher
-    from verl_deploy.launchers.jobspec import (
-        build_spec, check_paths, cluster_options, gpus_of, parse_env, verl_world, world_of,
-    )
+    from verl_deploy.launchers import LaunchError, ensure_default_image, get_launcher
+    from verl_deploy.launchers.runplan import RunRequest, plan_run
 
     root = runs_dir or runs.default_runs_root()
+    request = RunRequest(
+        args=tuple(args or ()), settings=tuple(overrides), target=target, gpus=gpus, nodes=nodes, image=image,
+        variant=variant, runtime=runtime, env=tuple(env), cpus=cpus, memory=memory, shm_size=shm_size,
+        ipc_host=ipc_host, data=data, hf_cache=hf_cache, data_size=data_size, storage_class=storage_class,
+        namespace=namespace, node_selector=tuple(node_selector), gpu_type=gpu_type, priority_class=priority_class,
+        service_account=service_account, image_pull_secrets=tuple(image_pull_secret),
+        image_preloaded=image_preloaded, grace_period=grace_period, run_id=run_id, resume=resume, dry_run=dry_run,
+        partition=partition, account=account, time_limit=time_limit, container=container,
+    )
     try:
-        if resume and runtime is None:
-            runtime = runs.read_record(root / resume).get("runtime")
-        runtime = _runtime(runtime)
-        config, overrides = _config_and_overrides(args or [], overrides, runtime)
-        if resume:
-            again = runs.plan_resume(root, resume, config=config, target=target, overrides=overrides, gpus=gpus,
-                                     nodes=nodes, image=image, needs_config=runtime == DEFAULT_RUNTIME)
-            config, target, overrides, gpus, nodes, image = (again.config, again.target, again.overrides, again.gpus,
-                                                             again.nodes, again.image)
-            for change in again.changes:
-                typer.echo(f"resume {resume}: {change}", err=True)
-        elif config is None and not overrides:
-            raise ValueError("which config? `verl-deploy run CONFIG` (e.g. examples/quickstart.yaml), "
-                             "`verl-deploy run -- KEY=VALUE ...` (verl's overrides on our defaults), or --resume RUN")
-        elif run_id and (taken := runs.existing_run(root, run_id)):
-            raise ValueError(taken)  # the trainer would resume it silently
-        target = target or "docker"
-        if runtime != DEFAULT_RUNTIME and target == "local":
-            raise LaunchError(f"--runtime {runtime} runs in its image: use --target docker or --target k8s")
-        if runtime == DEFAULT_RUNTIME:
-            gpus, nodes = world_of(config, tuple(overrides), gpus, nodes)  # --gpus/--nodes, or verl's keys for them
-        else:
-            gpus, nodes = verl_world(overrides, gpus, nodes)
-        extra_env = parse_env(env)
-        cluster = cluster_options(node_selector, gpu_type, priority_class, service_account, image_pull_secret,
-                                  image_preloaded, grace_period)
-        wanted_gpus = gpus_of(gpus).wanted
-        variant = variant or ("auto" if wanted_gpus else "cpu")
-        if variant == "auto" and target == "k8s":
-            variant = cluster_variant(runtime)  # the cluster's drivers are not this host's
-        build_image = image is None and target == "docker" and not dry_run
-        image = image or default_image(variant, runtime)
-        if hf_cache is None and target == "docker":
-            hf_cache = os.environ.get("HF_HOME", "~/.cache/huggingface")
-        # On Kubernetes, --data and --hf-cache name claims; elsewhere they are host directories.
-        if target == "k8s":
-            volumes = {"data_claim": data, "data_size": data_size, "cache_claim": hf_cache}
-        else:
-            volumes = {"data_dir": Path(data).expanduser() if data else None,
-                       "hf_cache": Path(hf_cache).expanduser() if hf_cache else None}
-        spec = build_spec(
-            config, image=image, variant=None if variant == "auto" else variant,
-            runs_root=root, run_id=resume or run_id, overrides=tuple(overrides),
-            gpus=gpus, cpus=cpus, memory=memory, shm_size=shm_size, ipc_host=ipc_host, nodes=nodes,
-            **volumes, storage_class=storage_class, env=extra_env, namespace=namespace, runtime=runtime,
-            cluster=cluster,
-        )
-        check_paths(spec, target)  # data, reward and model files, before an image is built or anything started
+        planned = plan_run(request, root)
+        spec = planned.spec
+        for change in planned.resume_changes:
+            typer.echo(f"resume {resume}: {change}", err=True)
         if not no_plan:
-            _preflight(spec, overrides, target, gpus, nodes)
-        slurm = None
-        if target == "slurm":
-            from verl_deploy.launchers.slurm import SlurmOptions
-
-            slurm = SlurmOptions(partition=partition, account=account, time=time_limit, container=container)
-        launcher = get_launcher(target, root, namespace, slurm=slurm)
-        if build_image:  # only once the config and flags are known to be good: a build takes minutes
-            spec = dataclasses.replace(spec, image=ensure_default_image(variant, runtime))
+            _preflight(spec, planned.target)
+        launcher = get_launcher(planned.target, root, spec.namespace, slurm=planned.slurm)
+        if planned.build_image:  # only once the config and flags are known to be good: a build takes minutes
+            spec = dataclasses.replace(spec, image=ensure_default_image(planned.variant, spec.runtime))
         if spec.upstream:
             _check_with_verl(spec)
-        if target == "docker":
+        if planned.target == "docker":
             _warn_if_stale(spec.image)
         if dry_run:
             typer.echo(launcher.dry_run(spec))
             return
         if resume:
-            runs.note_resume(spec.run_dir, again.changes)
+            runs.note_resume(spec.run_dir, list(planned.resume_changes))
         code = launcher.launch(spec, detach=detach)
         if detach:
-            typer.echo(f"run {spec.run_id} started ({target}); follow it: verl-deploy logs -f {spec.run_id}", err=True)
+            typer.echo(f"run {spec.run_id} started ({planned.target}); follow it: verl-deploy logs -f {spec.run_id}",
+                       err=True)
     except (LaunchError, ValueError) as exc:
         raise _launch_error(exc) from None
     except OSError as exc:
@@ -236,14 +194,14 @@ def run(
     raise typer.Exit(code)
 
 
-def _preflight(spec, overrides, target: str, gpus: str | None, nodes: int) -> None:
+def _preflight(spec, target: str) -> None:
     """Plan the run's memory before anything is created (verl_deploy.plan): refuse one that cannot fit, in one line
     with the best change, and warn when it is tight."""
     from verl_deploy.launchers import LaunchError
     from verl_deploy.plan import preflight
 
-    check = preflight(spec.config_path, tuple(overrides), runtime=spec.runtime, target=target, gpus=gpus,
-                      nodes=nodes, gpu_type=spec.cluster.gpu_type)
+    check = preflight(spec.config_path, spec.overrides, runtime=spec.runtime, target=target, gpus=spec.gpus,
+                      nodes=spec.nodes, gpu_type=spec.cluster.gpu_type)
     if check.refuse:
         raise LaunchError(check.message)
     if check.status == "tight":  # a skipped plan (a cluster's unknown GPU, a model not at hand) says nothing here
@@ -257,32 +215,6 @@ def _warn_if_stale(image: str) -> None:
     labels = local_labels(image)
     if labels and (line := warning(image, labels)):
         typer.echo(line, err=True)
-
-
-def _runtime(name: str | None) -> str:
-    """--runtime checked against the catalog's runtimes (one line naming them otherwise)."""
-    from verl_deploy.images.context import ImageError, runtime
-    from verl_deploy.launchers import LaunchError
-
-    try:
-        return runtime(name or DEFAULT_RUNTIME).name
-    except ImageError as exc:
-        raise LaunchError(str(exc)) from None
-
-
-def _config_and_overrides(args: list[str], settings: list[str],
-                          runtime: str = DEFAULT_RUNTIME) -> tuple[Path | None, list[str]]:
-    """`run`'s arguments: an optional CONFIG file first, then KEY=VALUE overrides (verl's: +key=value too), which
-    come after the --set ones; LaunchError for one that is not KEY=VALUE. Upstream verl's are kept as given
-    (Hydra's +key, ++key and ~key)."""
-    config = None
-    if args and "=" not in args[0] and not args[0].startswith(("+", "~")):
-        config, args = Path(args[0]), args[1:]
-    from verl_deploy.launchers import verl_command
-    from verl_deploy.launchers.jobspec import check_overrides
-
-    check = check_overrides if runtime == DEFAULT_RUNTIME else verl_command.check_overrides
-    return config, list(check([*settings, *args]))
 
 
 def _check_with_verl(spec) -> None:
@@ -324,12 +256,14 @@ def plan(
     """Will it fit? The per-GPU memory of every phase of a step, the verdict, and changes that make it fit.
     Exit 0 when it fits, 1 when it does not, 2 on bad input. See docs/plan.md."""
     from verl_deploy.launchers import LaunchError
+    from verl_deploy.launchers.jobspec import gpus_of
+    from verl_deploy.launchers.runplan import check_runtime, config_and_overrides
     from verl_deploy.plan import PlanError, plan as make_plan
 
-    try:
-        runtime = _runtime(runtime)
-        config, overrides = _config_and_overrides(args or [], overrides, runtime)
-        result = make_plan(config, overrides, runtime=runtime, gpus=gpus, nodes=nodes, gpu_type=gpu_type,
+    try:  # the arguments read as `run` reads them (launchers/runplan.py)
+        runtime = check_runtime(runtime)
+        config, overrides = config_and_overrides(args or [], overrides, runtime)
+        result = make_plan(config, overrides, runtime=runtime, gpus=gpus_of(gpus), nodes=nodes, gpu_type=gpu_type,
                            gpu_memory=gpu_memory, prompt_length=prompt_length, response_length=response_length)
     except (PlanError, LaunchError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -715,25 +649,24 @@ def smoke(
     timeout_s: float = typer.Option(900, "--timeout", help="Seconds before the run counts as failed."),
 ) -> None:
     """Two training steps of the built-in tiny model in an image: one PASS/FAIL line, JSON and JUnit XML. Exit 0 on pass."""
+    import dataclasses
+
     from verl_deploy import runs, smoke as smoke_test
-    from verl_deploy.launchers import (
-        CLUSTER_GPU_VARIANT, LaunchError, default_image, ensure_default_image, get_launcher,
-    )
-    from verl_deploy.launchers.jobspec import build_spec, gpus_of, new_run_id
+    from verl_deploy.launchers import LaunchError, ensure_default_image, get_launcher
+    from verl_deploy.launchers.jobspec import new_run_id
+    from verl_deploy.launchers.runplan import RunRequest, plan_run
 
     root = runs_dir or runs.default_runs_root()
     run_id = new_run_id(Path("smoke"))
     try:
-        variant = variant or ("auto" if gpus_of(gpus).wanted else "cpu")
-        if variant == "auto" and target == "k8s":
-            variant = CLUSTER_GPU_VARIANT
-        if image is None:
-            image = ensure_default_image(variant) if target == "docker" else default_image(variant)
-        config = smoke_test.write_config(root, run_id)
-        spec = build_spec(config, image=image, variant=None if variant == "auto" else variant, runs_root=root,
-                          run_id=run_id, gpus=gpus, shm_size="1g", namespace=namespace)
-        result = smoke_test.run_smoke(get_launcher(target, root, namespace), spec, timeout_s=timeout_s)
-    except LaunchError as exc:
+        with smoke_test.config_written(root, run_id) as config:
+            planned = plan_run(RunRequest(args=(str(config),), target=target, gpus=gpus, image=image,
+                                          variant=variant, shm_size="1g", namespace=namespace, run_id=run_id), root)
+        spec = planned.spec
+        if planned.build_image:
+            spec = dataclasses.replace(spec, image=ensure_default_image(planned.variant, spec.runtime))
+        result = smoke_test.run_smoke(get_launcher(planned.target, root, namespace), spec, timeout_s=timeout_s)
+    except (LaunchError, ValueError) as exc:
         raise _launch_error(exc) from None
     smoke_test.write_json(result, json_path or spec.run_dir / "smoke.json")
     smoke_test.write_junit(result, junit_path or spec.run_dir / "smoke-junit.xml")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import xml.etree.ElementTree as ET
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,21 @@ def write_config(runs_root: Path, run_id: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(CONFIG)
     return path
+
+
+@contextmanager
+def config_written(runs_root: Path, run_id: str):
+    """write_config for the run plan to read; what it created is removed again when planning refuses the input, so
+    that a mistyped flag leaves nothing behind."""
+    made = [d for d in (runs_root, runs_root / ".smoke") if not d.exists()]
+    path = write_config(runs_root, run_id)
+    try:
+        yield path
+    except BaseException:
+        path.unlink(missing_ok=True)
+        for folder in reversed(made):
+            folder.rmdir()
+        raise
 
 
 def run_smoke(launcher: Launcher, spec: JobSpec, timeout_s: float = 900) -> SmokeResult:

@@ -284,36 +284,38 @@ def load_checked(path: Path | None, overrides: tuple[str, ...], warn: bool = Tru
         raise LaunchError(str(exc)) from None
 
 
-def world_of(path: Path | None, overrides: tuple[str, ...], gpus: str | None, nodes: int | None,
-             warn: bool = False) -> tuple[str | None, int]:
-    """--gpus and --nodes of a config file and overrides (see derive_world)."""
-    return derive_world(load_checked(path, overrides, warn).trainer, gpus, nodes)
-
-
-def gpus_of(text: str | None) -> Gpus:
-    """--gpus parsed (sizes.parse_gpus), its mistake as a LaunchError."""
+def gpus_of(text: str | None) -> Gpus | None:
+    """--gpus parsed (sizes.parse_gpus; None: not given), its mistake as a LaunchError: the one parse of a run's
+    --gpus is the run plan's (runplan.plan_run); everything after it takes the typed value."""
+    if text is None:
+        return None
     with sizes_checked():
         return parse_gpus(text)
 
 
-def derive_world(trainer, gpus: str | None, nodes: int | None) -> tuple[str | None, int]:
-    """--gpus and --nodes, derived from verl's trainer.n_gpus_per_node and trainer.nnodes when not given (GPUs only
-    where trainer.device is not cpu); LaunchError (one line) where the flags and the config disagree."""
+def world_size(gpus: Gpus, nodes: int) -> int | None:
+    """Trainer workers, one per GPU: GPUs per node x nodes (None for none or --gpus all: the runtime counts them)."""
+    return gpus.number * nodes if gpus.number else None
+
+
+def derive_world(trainer, gpus: Gpus | None, nodes: int | None) -> tuple[Gpus, int]:
+    """--gpus and --nodes, derived from verl's trainer.n_gpus_per_node and trainer.nnodes when not given (None; GPUs
+    only where trainer.device is not cpu); LaunchError (one line) where the flags and the config disagree."""
     per_node, config_nodes = trainer.n_gpus_per_node, trainer.nnodes
-    asked = gpus_of(gpus)
+    given, gpus = gpus is not None, gpus or Gpus()
     with sizes_checked():
         sizes.parse_nodes(nodes)
-    if per_node is not None and asked.number is not None and asked.wanted and asked.number != per_node:
-        raise LaunchError(f"trainer.n_gpus_per_node={per_node} but --gpus {asked} gives {asked.number} per node: drop "
+    if per_node is not None and gpus.number is not None and gpus.wanted and gpus.number != per_node:
+        raise LaunchError(f"trainer.n_gpus_per_node={per_node} but --gpus {gpus} gives {gpus.number} per node: drop "
                           "one of them or make them equal")
     if config_nodes is not None and nodes is not None and nodes != config_nodes:
         raise LaunchError(f"trainer.nnodes={config_nodes} but --nodes {nodes}: drop one of them or make them equal")
-    if gpus is None and per_node is not None and trainer.device != "cpu":
-        gpus = str(per_node)
+    if not given and per_node is not None and trainer.device != "cpu":
+        gpus = Gpus(count=per_node)
     return gpus, nodes or config_nodes or 1
 
 
-def verl_world(overrides, gpus: str | None, nodes: int | None) -> tuple[str, int]:
+def verl_world(overrides, gpus: Gpus | None, nodes: int | None) -> tuple[Gpus, int]:
     """--gpus and --nodes for an upstream verl run: the flags, else its trainer.n_gpus_per_node/trainer.nnodes
     overrides; LaunchError (one line) where they disagree or no GPU count is known (verl trains on GPUs only, and
     its default of 8 per node would ask for GPUs the host may not have)."""
@@ -323,10 +325,9 @@ def verl_world(overrides, gpus: str | None, nodes: int | None) -> tuple[str, int
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     gpus, nodes = derive_world(trainer, gpus, nodes)
-    asked = gpus_of(gpus)
-    if asked.number is None or not asked.wanted:
+    if gpus.number is None or not gpus.wanted:
         raise LaunchError(f"upstream verl trains on GPUs and needs their count per node: pass --gpus N (or "
-                          f"{verl_command.GPUS_KEY}=N){'; --gpus all is not a count' if gpus == 'all' else ''}")
+                          f"{verl_command.GPUS_KEY}=N){'; --gpus all is not a count' if gpus.count < 0 else ''}")
     return gpus, nodes
 
 
@@ -338,7 +339,7 @@ def check_config(config, gpus: Gpus, nodes: int):
     from verl_runtime.config import validate
     from verl_runtime.errors import UserError
 
-    world = gpus.number * nodes if gpus.number else None
+    world = world_size(gpus, nodes)
     asked = config.trainer.n_workers
     if world and asked is not None and asked != world:
         raise LaunchError(f"trainer.n_workers={asked} but --gpus {gpus} x --nodes {nodes} gives {world} GPUs, one "
@@ -427,7 +428,7 @@ def build_spec(
     variant: str | None = None,
     run_id: str | None = None,
     overrides: tuple[str, ...] = (),
-    gpus: str | None = None,
+    gpus: Gpus | None = None,
     cpus: float | str | None = None,
     memory: str | int | None = None,
     shm_size: str | int | None = None,
@@ -446,8 +447,9 @@ def build_spec(
     cluster: ClusterOptions | None = None,
 ) -> JobSpec:
     """Check the user's input and assemble the spec; no side effects. No config: our defaults and the overrides
-    (verl's way: NO_CONFIG). Overrides are `key=value` (verl's `+key=value` too); --gpus/--nodes not given come
-    from verl's trainer.n_gpus_per_node/trainer.nnodes (world_of)."""
+    (verl's way: NO_CONFIG). Overrides are `key=value` (verl's `+key=value` too); gpus is --gpus parsed (gpus_of; None: not given);
+    --gpus/--nodes not given come from verl's trainer.n_gpus_per_node/trainer.nnodes (derive_world). The world
+    size is resolved here, once: JobSpec.world_size."""
     with sizes_checked():  # the same one-line errors on every target: the values are parsed once, here
         nodes = sizes.parse_nodes(nodes)
         cpus, memory = sizes.parse_cpus(cpus), sizes.parse_memory(memory)
@@ -462,16 +464,13 @@ def build_spec(
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         gpus, nodes = verl_world(overrides, gpus, nodes)
-        world_size, reward_file, reward_name = None, None, ""
+        reward_file, reward_name = None, ""
     else:
         config_path = config_file(config)
         overrides = check_overrides(overrides)
         loaded = load_checked(config_path, overrides)  # its warnings (verl keys without effect here) shown once
         gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
-        asked = gpus_of(gpus)
-        checked = check_config(loaded, asked, nodes)
-        world_size = checked.trainer.n_workers if asked.number else None
-        reward_file, reward_name = host_reward_file(checked.reward.function)
+        reward_file, reward_name = host_reward_file(check_config(loaded, gpus, nodes).reward.function)
     if data_dir is not None and not Path(data_dir).is_dir():
         raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
     for option, claim in (("--data", data_claim), ("--hf-cache", cache_claim), ("--storage-class", storage_class)):
@@ -493,13 +492,13 @@ def build_spec(
         runtime=runtime,
         overrides=tuple(overrides),
         run_dir=(Path(runs_root) / run_id).resolve(),
-        gpus=gpus_of(gpus),
+        gpus=gpus,
         cpus=cpus,
         memory=memory,
         shm_size=shm_size,
         ipc_host=ipc_host,
         nodes=nodes,
-        world_size=world_size,
+        world_size=world_size(gpus, nodes),
         reward_file=reward_file,
         reward_name=reward_name,
         hf_cache=Path(hf_cache).expanduser().resolve() if hf_cache else None,

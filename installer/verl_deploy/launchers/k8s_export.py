@@ -21,7 +21,7 @@ from verl_deploy import runs, sizes
 from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_deploy.export import EXPORT_LABEL
 from verl_deploy.launchers import k8s
-from verl_deploy.launchers.jobspec import RUNS_DIR, JobSpec, LaunchError, gpus_of
+from verl_deploy.launchers.jobspec import RUNS_DIR, JobSpec, LaunchError
 from verl_runtime import rundir
 
 DEADLINE_S = 3600  # the Job fails when its pod has not finished by then (e.g. it cannot be scheduled): the wait ends
@@ -109,8 +109,8 @@ def _stamp() -> str:
 def _trainer_memory(record: dict) -> int:
     """The trainer pod's memory: the export loads the same checkpoint (weights and optimizer state)."""
     try:
-        gpus = gpus_of(record.get("gpus")).number or 0
-    except LaunchError:
+        gpus = sizes.parse_gpus(record.get("gpus")).number or 0  # a recorded value, not a run's --gpus
+    except sizes.SizeError:
         gpus = 0
     return sizes.pod_size(gpus).memory_limit
 

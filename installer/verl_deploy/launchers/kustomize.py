@@ -10,7 +10,8 @@ from pathlib import Path
 
 from verl_deploy import assets
 from verl_deploy.launchers import CLUSTER_GPU_VARIANT, default_image
-from verl_deploy.launchers.jobspec import SECRET_ENV, SECRETS_DIR, JobSpec, build_spec
+from verl_deploy.launchers.jobspec import SECRET_ENV, SECRETS_DIR, JobSpec
+from verl_deploy.launchers.runplan import RunRequest, plan_run
 from verl_deploy.launchers.k8s import (
     SECRET_NAME, cache_volume, config_map, create_secret_command, job, network_policy, ray_job, run_volume, to_yaml,
 )
@@ -46,11 +47,10 @@ SECRET_NOTE = (
 
 
 def overlay_spec(overlay: str, config: Path = BASE_CONFIG) -> JobSpec:
-    """The JobSpec an overlay stands for; `verl-deploy run` with the same flags renders the same objects."""
-    return build_spec(
-        config, image=f"{REGISTRY}/{default_image(CLUSTER_GPU_VARIANT)}", variant=CLUSTER_GPU_VARIANT, runs_root=Path("runs"),
-        run_id=RUN_ID, environ={}, **OVERLAYS[overlay],
-    )
+    """The JobSpec an overlay stands for: the plan of `verl-deploy run --target k8s` with the same flags."""
+    request = RunRequest(args=(str(config),), target="k8s", image=f"{REGISTRY}/{default_image(CLUSTER_GPU_VARIANT)}",
+                         variant=CLUSTER_GPU_VARIANT, run_id=RUN_ID, **OVERLAYS[overlay])
+    return plan_run(request, Path("runs"), environ={}).spec
 
 
 def _dump(obj: dict, note: str = "") -> str:

@@ -14,7 +14,7 @@ from verl_deploy.plan.memory import COMPONENTS, MemoryPlan, plan_memory
 from verl_deploy.plan.shape import ModelShape, model_shape, read_config
 from verl_deploy.plan.suggest import response_length_that_fits, suggest
 from verl_deploy.plan.workload import OURS, VERL, Workload, from_ours, from_verl, verl_data_files
-from verl_deploy.sizes import GiB
+from verl_deploy.sizes import GiB, Gpus
 
 FITS, TIGHT, NO = "fits", "tight", "does not fit"
 TIGHT_ABOVE = 0.90  # of the GPU's memory: above it the allocator's fragmentation and other processes decide
@@ -76,11 +76,11 @@ class Plan:
         }
 
 
-def plan(config: Path | None = None, overrides: Sequence[str] = (), *, runtime: str = OURS, gpus: str | None = None,
+def plan(config: Path | None = None, overrides: Sequence[str] = (), *, runtime: str = OURS, gpus: Gpus | None = None,
          nodes: int | None = None, gpu_type: str | None = None, gpu_memory: str | None = None,
          prompt_length: int | None = None, response_length: int | None = None, read_data: bool = True,
          with_suggestions: bool = True, this_host: bool = True) -> Plan:
-    """Plan a run; PlanError (one line) for bad input. `this_host`: the run is for this machine (its NVML reading
+    """Plan a run; PlanError (one line) for bad input. gpus: --gpus parsed (sizes.parse_gpus). `this_host`: the run is for this machine (its NVML reading
     and memory may be read); otherwise only --gpu-type/--gpu-memory name the GPU."""
     for flag, value in (("--prompt-length", prompt_length), ("--response-length", response_length)):
         if value is not None and value < 1:
@@ -176,14 +176,13 @@ def _suggestions(result: Plan, shape: ModelShape, critic: ModelShape | None, dev
 
 def _ours(config, overrides, gpus, nodes, gpu_type, gpu_memory, this_host, notes):
     from verl_deploy.launchers import LaunchError
-    from verl_deploy.launchers.jobspec import derive_world, gpus_of
+    from verl_deploy.launchers.jobspec import derive_world
     from verl_runtime.config import load_config
     from verl_runtime.errors import UserError
 
     try:
         cfg = load_config(config, list(overrides), warn=False)
-        gpus, nodes = derive_world(cfg.trainer, gpus, nodes)
-        asked = gpus_of(gpus)
+        asked, nodes = derive_world(cfg.trainer, gpus, nodes)
     except (UserError, LaunchError) as exc:
         raise PlanError(str(exc)) from None
     named = gpu_type or gpu_memory
@@ -212,7 +211,7 @@ def _ours(config, overrides, gpus, nodes, gpu_type, gpu_memory, this_host, notes
     try:
         from verl_deploy.launchers.jobspec import check_config
 
-        check_config(cfg, gpus_of(str(per_node)), nodes)
+        check_config(cfg, Gpus(count=per_node), nodes)
     except (UserError, LaunchError) as exc:
         raise PlanError(str(exc)) from None
     return from_ours(cfg, world, nodes, "cuda"), device, cfg.data.train_files, cfg.data.apply_chat_template
@@ -220,11 +219,10 @@ def _ours(config, overrides, gpus, nodes, gpu_type, gpu_memory, this_host, notes
 
 def _verl(overrides, gpus, nodes, gpu_type, gpu_memory, this_host):
     from verl_deploy.launchers import LaunchError
-    from verl_deploy.launchers.jobspec import gpus_of, verl_world
+    from verl_deploy.launchers.jobspec import verl_world
 
     try:
-        gpus, nodes = verl_world(list(overrides), gpus, nodes)
-        asked = gpus_of(gpus)
+        asked, nodes = verl_world(list(overrides), gpus, nodes)
     except LaunchError as exc:
         raise PlanError(str(exc)) from None
     host_gpu = from_reading(host_reading(), _indices(asked)) if this_host and not (gpu_type or gpu_memory) else None
@@ -266,7 +264,7 @@ class Preflight:
 
 
 def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = OURS, target: str = "docker",
-              gpus: str | None = None, nodes: int | None = None, gpu_type: str | None = None) -> Preflight:
+              gpus: Gpus | None = None, nodes: int | None = None, gpu_type: str | None = None) -> Preflight:
     """Plan a run before `run` starts anything. Never raises: bad input the run itself would refuse is left to it.
 
     local and docker runs are planned for this host's GPUs (or its memory, for a CPU run); a k8s run for --gpu-type
@@ -274,7 +272,7 @@ def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = O
     limits (no data file is read: this stays fast)."""
     from verl_deploy.launchers import CLUSTER_TARGETS
 
-    if target in CLUSTER_TARGETS and not gpu_type and (runtime != OURS or _wants_gpus(gpus)):
+    if target in CLUSTER_TARGETS and not gpu_type and (runtime != OURS or (gpus and gpus.wanted)):
         return Preflight("skipped", "note: not planned for memory: the cluster's GPU is unknown here (name it with "
                          "--gpu-type to check that the run fits)")
     try:
@@ -294,15 +292,6 @@ def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = O
         return Preflight(TIGHT, f"warning: the run is tight on {where}: {result.reason} (`verl-deploy plan` shows "
                          "every phase)", result)
     return Preflight(FITS, None, result)
-
-
-def _wants_gpus(gpus: str | None) -> bool:
-    from verl_deploy.sizes import SizeError, parse_gpus
-
-    try:
-        return parse_gpus(gpus).wanted
-    except SizeError:
-        return True
 
 
 __all__ = ["COMPONENTS", "FITS", "NO", "TIGHT", "Plan", "PlanError", "Preflight", "plan", "preflight"]

@@ -1,0 +1,157 @@
+"""One run plan: what the user asked (RunRequest, the flags as given) turned into what will run (RunPlan: the
+JobSpec, the target, the variant, whether an image must be built), by one pure function, plan_run.
+
+It reads the config file, the run directory of a run to resume and the environment given to it; it starts nothing,
+builds nothing and writes nothing (TorchX's submit_dryrun is the model). `run`, `smoke` and every launcher's dry
+run and launch read its result; `plan` (the memory planner) shares its reading of the arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from verl_deploy import compat, runs
+from verl_deploy.launchers.jobspec import (
+    JobSpec, LaunchError, build_spec, check_overrides, check_paths, cluster_options, gpus_of, parse_env,
+)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the user asked for, as given (strings unparsed); None: not given (a default, or on --resume the
+    run's recorded value)."""
+
+    args: tuple[str, ...] = ()  # [CONFIG] then KEY=VALUE overrides (verl's way)
+    settings: tuple[str, ...] = ()  # --set KEY=VALUE
+    target: str | None = None
+    gpus: str | None = None
+    nodes: int | None = None
+    image: str | None = None
+    variant: str | None = None
+    runtime: str | None = None
+    env: tuple[str, ...] = ()
+    cpus: str | None = None
+    memory: str | None = None
+    shm_size: str | None = None
+    ipc_host: bool = False
+    data: str | None = None
+    hf_cache: str | None = None
+    data_size: str | None = None
+    storage_class: str | None = None
+    namespace: str = "default"
+    node_selector: tuple[str, ...] = ()
+    gpu_type: str | None = None
+    priority_class: str | None = None
+    service_account: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    image_preloaded: bool = False
+    grace_period: int | None = None
+    run_id: str | None = None
+    resume: str | None = None
+    dry_run: bool = False
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None
+    container: str | None = None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What will run, and where: every launcher translates `spec`; the caller builds the image first when
+    `build_image` says so (a build takes minutes: only once the plan is known to be good)."""
+
+    spec: JobSpec
+    target: str
+    variant: str  # as chosen: a catalog name, or auto (the host's best, resolved where the image is built)
+    build_image: bool
+    slurm: object | None = None  # launchers.slurm.SlurmOptions for a slurm run
+    resume_changes: tuple[str, ...] = ()  # what --resume changed of the recorded launch, one line each
+
+
+def check_runtime(name: str | None) -> str:
+    """--runtime checked against the catalog's runtimes (one line naming them otherwise)."""
+    from verl_deploy.images.context import ImageError, runtime
+
+    try:
+        return runtime(name or compat.DEFAULT_RUNTIME).name
+    except ImageError as exc:
+        raise LaunchError(str(exc)) from None
+
+
+def config_and_overrides(args, settings, runtime: str = compat.DEFAULT_RUNTIME) -> tuple[Path | None, list[str]]:
+    """`run`'s and `plan`'s arguments: an optional CONFIG file first, then KEY=VALUE overrides (verl's: +key=value
+    too), which come after the --set ones; LaunchError for one that is not KEY=VALUE. Upstream verl's are kept as
+    given (Hydra's +key, ++key and ~key)."""
+    from verl_deploy.launchers import verl_command
+
+    args, config = list(args), None
+    if args and "=" not in args[0] and not args[0].startswith(("+", "~")):
+        config, args = Path(args[0]), args[1:]
+    check = check_overrides if runtime == compat.DEFAULT_RUNTIME else verl_command.check_overrides
+    return config, list(check([*settings, *args]))
+
+
+def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | None = None) -> RunPlan:
+    """The plan of one run; LaunchError or ValueError (one line) for input it refuses. `--gpus` is parsed here,
+    once; the world size is resolved once (build_spec); the variant and image are chosen once."""
+    from verl_deploy.launchers import cluster_variant, default_image
+
+    environ = os.environ if environ is None else environ
+    runtime, resume = request.runtime, request.resume
+    if resume and runtime is None:
+        runtime = runs.read_record(runs_root / resume).get("runtime")
+    runtime = check_runtime(runtime)
+    config, overrides = config_and_overrides(request.args, request.settings, runtime)
+    target, gpus, nodes, image, changes = request.target, request.gpus, request.nodes, request.image, []
+    if resume:
+        again = runs.plan_resume(runs_root, resume, config=config, target=target, overrides=overrides, gpus=gpus,
+                                 nodes=nodes, image=image, needs_config=runtime == compat.DEFAULT_RUNTIME)
+        config, target, overrides, gpus, nodes, image, changes = (
+            again.config, again.target, again.overrides, again.gpus, again.nodes, again.image, again.changes)
+    elif config is None and not overrides:
+        raise ValueError("which config? `verl-deploy run CONFIG` (e.g. examples/quickstart.yaml), "
+                         "`verl-deploy run -- KEY=VALUE ...` (verl's overrides on our defaults), or --resume RUN")
+    elif request.run_id and (taken := runs.existing_run(runs_root, request.run_id)):
+        raise ValueError(taken)  # the trainer would resume it silently
+    target = target or "docker"
+    if runtime != compat.DEFAULT_RUNTIME and target == "local":
+        raise LaunchError(f"--runtime {runtime} runs in its image: use --target docker or --target k8s")
+    asked_gpus = gpus_of(gpus)  # the one parse of --gpus
+    extra_env = parse_env(request.env)
+    cluster = cluster_options(request.node_selector, request.gpu_type, request.priority_class,
+                              request.service_account, request.image_pull_secrets, request.image_preloaded,
+                              request.grace_period)
+    hf_cache = request.hf_cache
+    if hf_cache is None and target == "docker":
+        hf_cache = environ.get("HF_HOME", "~/.cache/huggingface")
+    # On Kubernetes, --data and --hf-cache name claims; elsewhere they are host directories.
+    if target == "k8s":
+        volumes = {"data_claim": request.data, "data_size": request.data_size, "cache_claim": hf_cache}
+    else:
+        volumes = {"data_dir": Path(request.data).expanduser() if request.data else None,
+                   "hf_cache": Path(hf_cache).expanduser() if hf_cache else None}
+    spec = build_spec(  # the world (GPUs from verl's keys when --gpus is not given) is resolved here, once
+        config, image=image or "", runs_root=runs_root, run_id=resume or request.run_id, overrides=tuple(overrides),
+        gpus=asked_gpus, cpus=request.cpus, memory=request.memory, shm_size=request.shm_size,
+        ipc_host=request.ipc_host, nodes=nodes, **volumes, storage_class=request.storage_class, env=extra_env,
+        namespace=request.namespace, runtime=runtime, cluster=cluster, environ=environ,
+    )
+    variant = request.variant or ("auto" if spec.gpus.wanted else "cpu")
+    if variant == "auto" and target == "k8s":
+        variant = cluster_variant(runtime)  # the cluster's drivers are not this host's
+    build_image = image is None and target == "docker" and not request.dry_run
+    spec = dataclasses.replace(spec, image=image or default_image(variant, runtime),
+                               variant=None if variant == "auto" else variant)
+    check_paths(spec, target)  # data, reward and model files, before an image is built or anything started
+    slurm = None
+    if target == "slurm":
+        from verl_deploy.launchers.slurm import SlurmOptions
+
+        slurm = SlurmOptions(partition=request.partition, account=request.account, time=request.time_limit,
+                             container=request.container)
+    return RunPlan(spec=spec, target=target, variant=variant, build_image=build_image, slurm=slurm,
+                   resume_changes=tuple(changes))

@@ -1,0 +1,90 @@
+"""One run plan (launchers/runplan.py): what `verl-deploy run` was asked becomes one JobSpec, --gpus parsed once and
+the world size resolved once for every target; the runtime has one rule for its world size too."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from verl_deploy import sizes
+from verl_deploy.cli import app
+from verl_deploy.launchers import TARGETS, jobspec
+from verl_deploy.launchers.runplan import RunRequest, plan_run
+from verl_deploy.sizes import Gpus
+from verl_runtime.config import ConfigError, world_size
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+
+
+@pytest.fixture
+def count_gpu_parses(monkeypatch):
+    """sizes.parse_gpus wrapped by a counter, wherever it is read from."""
+    calls = []
+    real = sizes.parse_gpus
+
+    def counting(text):
+        calls.append(text)
+        return real(text)
+
+    monkeypatch.setattr(sizes, "parse_gpus", counting)
+    monkeypatch.setattr(jobspec, "parse_gpus", counting)
+    return calls
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gpus_are_parsed_once_per_run_on_every_target(target, tmp_path, count_gpu_parses):
+    # A local run with GPUs needs them and a CUDA torch on this host, which has neither: it asks for none.
+    gpus = "0" if target == "local" else "2"
+    result = CliRunner().invoke(app, ["run", str(QUICKSTART), "--target", target, "--gpus", gpus, "--dry-run",
+                                      "--image", "verl-deploy:test", "--image-preloaded", "--run-id", "counted",
+                                      "--runs-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    assert count_gpu_parses == [gpus]
+    if gpus == "2":  # the world the plan resolved reaches the trainer's command
+        assert "trainer.n_workers=2" in result.stdout
+    assert not (tmp_path / "runs").exists(), "a dry run has no side effects"
+
+
+def test_the_plan_is_pure_and_resolves_the_world_from_verl_s_keys(tmp_path):
+    request = RunRequest(args=(str(QUICKSTART), "trainer.n_gpus_per_node=2", "trainer.nnodes=2",
+                               "trainer.device=cuda"), target="k8s", run_id="planned")
+    planned = plan_run(request, tmp_path / "runs", environ={})
+    assert (planned.target, planned.spec.gpus, planned.spec.nodes, planned.spec.world_size) == ("k8s", Gpus(count=2), 2, 4)
+    assert planned.variant == "cu128" and not planned.build_image  # a cluster's auto; nothing to build for it
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_docker_run_plans_an_image_build_only_when_it_will_run(tmp_path):
+    asked = RunRequest(args=(str(QUICKSTART),), target="docker", run_id="built")
+    assert plan_run(asked, tmp_path, environ={}).build_image
+    assert plan_run(RunRequest(args=(str(QUICKSTART),), target="docker", dry_run=True), tmp_path, environ={}).variant == "cpu"
+    assert not plan_run(RunRequest(args=(str(QUICKSTART),), target="docker", image="mine:1"), tmp_path,
+                        environ={}).build_image
+
+
+def test_the_plan_refuses_what_run_refuses_in_one_line(tmp_path):
+    with pytest.raises(jobspec.LaunchError, match="--gpus 'two' is not understood"):
+        plan_run(RunRequest(args=(str(QUICKSTART),), gpus="two"), tmp_path, environ={})
+    with pytest.raises(jobspec.LaunchError, match="trainer.n_gpus_per_node=4 but --gpus 2"):
+        plan_run(RunRequest(args=(str(QUICKSTART), "trainer.n_gpus_per_node=4"), gpus="2"), tmp_path, environ={})
+    with pytest.raises(ValueError, match="which config"):
+        plan_run(RunRequest(), tmp_path, environ={})
+
+
+def trainer(n_workers=None, n_gpus_per_node=None, nnodes=None):
+    return SimpleNamespace(n_workers=n_workers, n_gpus_per_node=n_gpus_per_node, nnodes=nnodes)
+
+
+def test_the_runtime_has_one_rule_for_its_world_size():
+    assert world_size(trainer(n_gpus_per_node=4, nnodes=2)) == 8
+    assert world_size(trainer(n_workers=3)) == 3
+    assert world_size(trainer()) is None  # not known until the trainer counts its GPUs
+    assert world_size(trainer(), visible_gpus=4) == 4
+    assert world_size(trainer(), visible_gpus=0) == 1  # a CPU run: one worker
+    assert world_size(trainer(n_workers=2), visible_gpus=8) == 2
+    with pytest.raises(ConfigError, match="trainer.n_workers=3 but trainer.n_gpus_per_node x trainer.nnodes"):
+        world_size(trainer(n_workers=3, n_gpus_per_node=4))
+    with pytest.raises(ConfigError, match="trainer.nnodes needs trainer.n_gpus_per_node"):
+        world_size(trainer(nnodes=2))
