@@ -158,7 +158,8 @@ def test_the_venv_imports_the_installed_package_not_the_checkout(venv, empty):
     (["run", "my.yaml", "--target", "local", "--dry-run"], NO_ENGINE, (0,)),
     (["run", "my.yaml", "--target", "docker", "--dry-run"], NO_ENGINE, (0,)),
     (["run", "my.yaml", "--target", "k8s", "--dry-run", "--image", REGISTRY_IMAGE], NO_ENGINE, (0,)),
-    (["run", "--runtime", "verl", "--gpus", "1", "--target", "docker", "--dry-run", "--", *VERL_OVERRIDES], NO_ENGINE,
+    (["run", "--runtime", "verl", "--gpus", "1", "--variant", "cu130", "--target", "docker", "--dry-run", "--",
+      *VERL_OVERRIDES], NO_ENGINE,
      (0,)),
 ], ids=["version", "doctor", "images-list", "local", "docker", "k8s", "runtime-verl"])
 def test_every_command_works_from_the_wheel_in_an_empty_folder(venv, empty, args, env, codes):

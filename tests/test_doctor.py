@@ -10,7 +10,7 @@ from conftest import FIXTURES, REPO
 from typer.testing import CliRunner
 
 from verl_deploy.cli import app
-from verl_deploy.doctor import gpu
+from verl_deploy import host_facts
 from verl_deploy.doctor.core import Context, Finding, exit_code, run_checks
 
 READINGS = FIXTURES / "nvml"
@@ -159,7 +159,7 @@ def test_nvml_that_loads_but_fails_is_a_clear_fail():
 
 
 def test_this_hosts_live_reading_is_a_reading():
-    reading = gpu.read_nvml()  # no driver here: recorded as an error, never raised
+    reading = host_facts.read_nvml()  # no driver here: recorded as an error, never raised
     assert "error" in reading or reading["device_count"] == len(reading["devices"])
 
 

@@ -38,7 +38,8 @@ EXAMPLE = ["algorithm.adv_estimator=grpo", "data.train_files=/data/gsm8k/train.p
 
 def run(*args, env=None):
     """`verl-deploy run` with no Docker engine in reach: the dry runs here never start verl's image (its own
-    check of the overrides is tests/test_images_verl.py's)."""
+    check of the overrides is tests/test_images_verl.py's). Those that need no image name verl's CUDA variant:
+    auto would choose the one this host runs, and without a GPU it runs none."""
     return CliRunner().invoke(app, ["run", *args], env={"DOCKER_HOST": "unix:///nonexistent/docker.sock", **(env or {})})
 
 
@@ -134,7 +135,8 @@ def test_images_list_shows_verl_s_image_beside_ours():
 
 def test_doctor_says_which_verl_image_this_host_runs(tmp_path):
     from verl_deploy.doctor.core import Context
-    from verl_deploy.doctor.gpu import _variant_findings, load_reading
+    from verl_deploy.doctor.gpu import _variant_findings
+    from verl_deploy.host_facts import load_reading
 
     findings = {f.name: f for f in _variant_findings(Context(nvml=load_reading(H200)))}
     verl = findings["variant cu130 --runtime verl"]
@@ -170,8 +172,8 @@ def test_gpus_and_nodes_become_verl_s_world_keys():
 
 
 def test_docker_dry_run_starts_main_ppo_in_the_run_directory_without_secret_values(tmp_path):
-    result = run("--runtime", "verl", "--gpus", "2", "--dry-run", "--runs-dir", str(tmp_path), "--run-id", "grpo",
-                 "--hf-cache", str(tmp_path / "hf"), "--", *EXAMPLE, env={"HF_TOKEN": SECRET})
+    result = run("--runtime", "verl", "--gpus", "2", "--variant", "cu130", "--dry-run", "--runs-dir", str(tmp_path),
+                 "--run-id", "grpo", "--hf-cache", str(tmp_path / "hf"), "--", *EXAMPLE, env={"HF_TOKEN": SECRET})
     assert result.exit_code == 0, result.output
     line = result.stdout.strip().splitlines()[-1]
     assert SECRET not in result.output
@@ -185,8 +187,8 @@ def test_docker_dry_run_starts_main_ppo_in_the_run_directory_without_secret_valu
 
 
 def test_docker_dry_run_of_several_nodes_starts_ray_with_the_secret_loader(tmp_path):
-    result = run("--runtime", "verl", "--gpus", "8", "--nodes", "2", "--dry-run", "--runs-dir", str(tmp_path),
-                 "--run-id", "big", "--", *EXAMPLE)
+    result = run("--runtime", "verl", "--gpus", "8", "--nodes", "2", "--variant", "cu130", "--dry-run",
+                 "--runs-dir", str(tmp_path), "--run-id", "big", "--", *EXAMPLE)
     assert result.exit_code == 0, result.output
     head = result.stdout.strip().splitlines()[-1]
     assert "python3 /opt/verl-deploy/secrets.py ray start --head" in head
@@ -268,8 +270,8 @@ def test_hydra_s_errors_become_one_line_with_its_hint():
 
 
 def test_resume_starts_the_recorded_verl_run_again_with_what_changed(tmp_path):
-    first = run("--runtime", "verl", "--gpus", "2", "--dry-run", "--runs-dir", str(tmp_path), "--run-id", "grpo",
-                "--", *EXAMPLE, "~trainer.val_before_train")
+    first = run("--runtime", "verl", "--gpus", "2", "--variant", "cu130", "--dry-run", "--runs-dir", str(tmp_path),
+                "--run-id", "grpo", "--", *EXAMPLE, "~trainer.val_before_train")
     assert first.exit_code == 0, first.output
     from verl_deploy.launchers.jobspec import build_spec
     from verl_deploy.runs import write_record

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import typer
 
-from verl_deploy.compat import DEFAULT_RUNTIME
+from verl_deploy.compat import CLUSTER_GPU_VARIANT, DEFAULT_RUNTIME
 
 app = typer.Typer(
     help="Run single-controller RL post-training (PPO, GRPO, ...) on a CPU, a GPU box or Kubernetes.",
@@ -109,7 +109,7 @@ def run(
     target: str = typer.Option(None, "--target", "-t", help="local | docker | k8s | slurm (default: docker; with --resume: the run's)."),
     gpus: str = typer.Option(None, "--gpus", help="all, a count (2), indices (0,1) or UUIDs (GPU-...)."),
     image: str = typer.Option(None, "--image", help="Image to run (default: the variant's local tag)."),
-    variant: str = typer.Option(None, "--variant", help="Image variant (docker/variants.yaml) (default: cpu, or doctor's choice with --gpus)."),
+    variant: str = typer.Option(None, "--variant", help=f"Image variant (docker/variants.yaml) (default auto: cpu without --gpus; with them, this host's best for local/docker, {CLUSTER_GPU_VARIANT} for k8s/slurm)."),
     overrides: list[str] = typer.Option([], "--set", help="Config override key=value (repeatable)."),
     env: list[str] = typer.Option([], "--env", "-e", help="Extra environment KEY=VALUE (repeatable; not for secrets)."),
     cpus: str = typer.Option(None, "--cpus", help="CPU limit (Docker) / request (Kubernetes) (default on k8s: 4 per GPU)."),
@@ -235,7 +235,7 @@ def _check_with_verl(spec) -> None:
         return
     typer.echo(f"checking the overrides with verl's config in {spec.image} (main_ppo --cfg job, validate_config)",
                err=True)
-    upstream.check_in_image(engine, spec.image, spec.trainer_args()[len(spec.trainer):])
+    upstream.check_in_image(engine, spec.image, list(spec.command.args))
 
 
 @app.command()
@@ -640,7 +640,7 @@ def images_list() -> None:
 def smoke(
     target: str = typer.Option("docker", "--target", "-t", help="local | docker | k8s"),
     image: str = typer.Option(None, "--image", help="Image to prove (default: the variant's local tag)."),
-    variant: str = typer.Option(None, "--variant", help="Image variant (default: cpu, or doctor's choice with --gpus)."),
+    variant: str = typer.Option(None, "--variant", help=f"Image variant (default auto: cpu without --gpus; with them, this host's best, or {CLUSTER_GPU_VARIANT} on k8s)."),
     gpus: str = typer.Option(None, "--gpus", help="GPUs for the run: all, a count, indices or UUIDs."),
     namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
     runs_dir: Path = _RUNS_DIR_OPTION,

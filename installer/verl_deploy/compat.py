@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from verl_deploy import assets
+from verl_deploy import assets, host_facts
 
 CATALOG_PATH = assets.path("docker/variants.yaml")
 
@@ -278,3 +278,39 @@ def choose_variant(
         raise LookupError("; ".join(f"{v.variant.name}: {v.reason}" + (f" ({v.remedy})" * bool(v.needs_driver))
                                     for v in verdicts) or "the variant catalog has no cpu variant")
     return cpu[0]
+
+
+# A cluster's nodes (Kubernetes, Slurm) are not this host, so `auto` cannot ask their driver: CUDA 12.8 runs on
+# drivers from 525 on and covers Volta to Blackwell; on Kubernetes, node affinity then prefers nodes whose driver
+# runs it.
+CLUSTER_GPU_VARIANT = "cu128"
+
+
+def cluster_variant(runtime: str = DEFAULT_RUNTIME) -> str:
+    """The variant a cluster's GPU nodes get for `auto`: CLUSTER_GPU_VARIANT, or another runtime's first (upstream
+    verl has cu130 alone)."""
+    return CLUSTER_GPU_VARIANT if runtime == DEFAULT_RUNTIME else next(iter(load_catalog(runtime=runtime)))
+
+
+def variant_for(asked: str, *, wants_gpus: bool, on_this_host: bool, runtime: str = DEFAULT_RUNTIME,
+                host: host_facts.HostFacts | None = None) -> str:
+    """The one choice of an image variant; a name other than `auto` is kept as asked. `auto` means the newest
+    variant the machine that will run it can run:
+      - no GPU asked: cpu (where the runtime has one);
+      - on this host (local, docker, `images build/pull`): what this host's driver and GPUs run best
+        (choose_variant over host_facts, read here unless `host` is given; no NVIDIA GPU: cpu);
+      - on a cluster's nodes (k8s, slurm), which are not this host: cluster_variant.
+    LookupError (one line) when no variant of the runtime runs on this host."""
+    if asked != "auto":
+        return asked
+    catalog = load_catalog(runtime=runtime)
+    cpu = next((v.name for v in catalog.values() if v.is_cpu), None)
+    if not wants_gpus and cpu:
+        return cpu
+    if not on_this_host:
+        return cluster_variant(runtime)
+    host = host or host_facts.read()
+    try:
+        return choose_variant(host.driver, host.capabilities, catalog).name
+    except LookupError as exc:
+        raise LookupError(f"no {runtime} image runs on this host: {exc}") from None

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_deploy import compat
+from verl_deploy import compat, host_facts
 from verl_deploy.doctor import docker_check, gpu, host, kubernetes_check, torch_check
-from verl_deploy.doctor.core import PROBE_TIMEOUT_S, Context, Finding, call_with_timeout, exit_code, run_checks
+from verl_deploy.doctor.core import Context, Finding, exit_code, run_checks
 
 __all__ = ["Finding", "Report", "diagnose", "exit_code"]
 
@@ -37,14 +37,7 @@ class Report:
 def diagnose(nvml_reading: Path | None = None, k8s: bool = False, gpu_smoke: bool = False) -> Report:
     """Run every check. `nvml_reading` replays a recorded NVML reading instead of asking this host's driver
     (ValueError when the file is not one)."""
-    reading = gpu.load_reading(nvml_reading) if nvml_reading else _live_reading()
-    ctx = Context(nvml=reading, k8s=k8s, gpu_smoke=gpu_smoke)
+    ctx = Context(nvml=host_facts.nvml_reading(nvml_reading), k8s=k8s, gpu_smoke=gpu_smoke)
     findings = run_checks(CHECKS, ctx, SAFETY_NET_S)
-    return Report(findings, compat.choose_variant(ctx.driver, ctx.capabilities).name)
+    return Report(findings, compat.variant_for("auto", wants_gpus=True, on_this_host=True, host=ctx.facts))
 
-
-def _live_reading() -> dict:
-    try:
-        return call_with_timeout(gpu.read_nvml, PROBE_TIMEOUT_S)
-    except TimeoutError as exc:
-        return {"error": "init_failed", "message": f"NVML {exc}"}

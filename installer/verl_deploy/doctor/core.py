@@ -7,6 +7,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
+from verl_deploy.host_facts import HostFacts
+from verl_deploy.watchdog import call_with_timeout  # noqa: F401 (the checks take it from here)
+
 Status = Literal["ok", "warn", "fail", "skip"]
 STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "skip")
 
@@ -40,40 +43,23 @@ class Context:
     timeout_s: float = PROBE_TIMEOUT_S
 
     @property
+    def facts(self) -> HostFacts:
+        return HostFacts(self.nvml)
+
+    @property
     def driver(self) -> str | None:
-        return self.nvml.get("driver_version")
+        return self.facts.driver
 
     @property
     def gpus(self) -> list[dict[str, Any]]:
-        return self.nvml.get("devices") or []
+        return self.facts.gpus
 
     @property
     def capabilities(self) -> list[str]:
-        return [f"{cc[0]}.{cc[1]}" for cc in (gpu.get("compute_capability") for gpu in self.gpus) if cc]
+        return self.facts.capabilities
 
 
 Check = Callable[[Context], list[Finding]]
-
-
-def call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
-    """Run fn in a daemon thread; raise TimeoutError when it has not returned in time (the thread is left
-    behind, and a daemon thread does not keep the process alive at exit)."""
-    result: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            result["value"] = fn()
-        except BaseException as exc:  # handed to the caller's thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise TimeoutError(f"no answer within {timeout_s:g} s")
-    if "error" in result:
-        raise result["error"]
-    return result.get("value")
 
 
 def run_checks(checks: dict[str, Check], ctx: Context, timeout_s: float) -> list[Finding]:

@@ -1,15 +1,9 @@
-"""NVIDIA: driver, CUDA, GPUs and the image variants they can run, from one NVML reading.
-
-The reading is a plain dict (see tests/fixtures/nvml/h200.json), taken live through nvidia-ml-py or replayed
-from a file, so every check below runs the same on a real GPU host and on a recorded one. Record this host's
-reading with `python -m verl_deploy.doctor.gpu > reading.json`.
+"""NVIDIA: driver, CUDA, GPUs and the image variants they can run, from the host's NVML reading (host_facts: taken
+live or replayed from a recorded file, so every check below runs the same on a real GPU host and on a recorded one).
 """
 
 from __future__ import annotations
 
-import json
-import platform
-from pathlib import Path
 from typing import Any
 
 from verl_deploy import compat
@@ -21,89 +15,6 @@ GPU_MODE_REMEDY = (
     f"for GPU mode install the NVIDIA driver (>= {compat.DRIVER_FLOOR}) and, for containers, "
     "the NVIDIA Container Toolkit"
 )
-
-
-def read_nvml() -> dict[str, Any]:
-    """This host's NVML reading. A missing library or a failing init is recorded as `error`, never raised."""
-    try:
-        import pynvml
-    except ImportError as exc:
-        return {"error": "library_not_found", "message": f"nvidia-ml-py is not installed ({exc})"}
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError_LibraryNotFound:
-        return {"error": "library_not_found", "message": "libnvidia-ml.so.1 not found: no NVIDIA driver"}
-    except pynvml.NVMLError as exc:
-        return {"error": "init_failed", "message": str(exc)}
-    try:
-        return _read_devices(pynvml)
-    except pynvml.NVMLError as exc:
-        return {"error": "query_failed", "message": str(exc)}
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _read_devices(nvml: Any) -> dict[str, Any]:
-    count = nvml.nvmlDeviceGetCount()
-    reading = {
-        "driver_version": _text(nvml.nvmlSystemGetDriverVersion()),
-        "cuda_driver_version": nvml.nvmlSystemGetCudaDriverVersion_v2(),
-        "nvml_version": _text(nvml.nvmlSystemGetNVMLVersion()),
-        "device_count": count,
-        "kernel": platform.release(),
-        "devices": [],
-    }
-    for index in range(count):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-
-        def optional(query: Any, *args: Any) -> Any:
-            # Queries a GPU may not support (ECC and MIG on GeForce cards) read as None.
-            try:
-                return query(handle, *args)
-            except nvml.NVMLError:
-                return None
-
-        reading["devices"].append(
-            {
-                "index": index,
-                "name": _text(nvml.nvmlDeviceGetName(handle)),
-                "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
-                "pci_bus_id": _text(nvml.nvmlDeviceGetPciInfo(handle).busId),
-                "memory_total": memory.total,
-                "memory_used": memory.used,
-                "compute_capability": list(nvml.nvmlDeviceGetCudaComputeCapability(handle)),
-                "mig_mode": _list(optional(nvml.nvmlDeviceGetMigMode)),
-                "persistence_mode": optional(nvml.nvmlDeviceGetPersistenceMode),
-                "temperature_c": optional(nvml.nvmlDeviceGetTemperature, nvml.NVML_TEMPERATURE_GPU),
-                "power_limit_mw": optional(nvml.nvmlDeviceGetPowerManagementLimit),
-                "ecc_mode": _list(optional(nvml.nvmlDeviceGetEccMode)),
-                "brand": optional(nvml.nvmlDeviceGetBrand),
-                "architecture": optional(nvml.nvmlDeviceGetArchitecture),
-                "max_pcie_link_gen": optional(nvml.nvmlDeviceGetMaxPcieLinkGeneration),
-                "processes": len(optional(nvml.nvmlDeviceGetComputeRunningProcesses) or []),
-            }
-        )
-    return reading
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _list(value: Any) -> list[int] | None:
-    return None if value is None else list(value)
-
-
-def load_reading(path: Path) -> dict[str, Any]:
-    """A recorded reading; ValueError with a one-line reason when it is not one."""
-    try:
-        reading = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read NVML reading {path}: {exc}") from exc
-    if not isinstance(reading, dict) or not ("error" in reading or "driver_version" in reading):
-        raise ValueError(f"{path} is not an NVML reading (needs driver_version or error)")
-    return reading
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -224,7 +135,3 @@ def _runtime_findings(ctx: Context) -> list[Finding]:
 
 def _describe(variant: compat.Variant) -> str:
     return "CPU only" if variant.is_cpu else f"CUDA {variant.cuda}, torch {variant.torch}"
-
-
-if __name__ == "__main__":
-    print(json.dumps(read_nvml(), indent=1))

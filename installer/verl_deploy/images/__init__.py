@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from verl_deploy import host_facts
 from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_deploy.images.context import (
     BuildOptions, ImageError, build_defaults, host_ca_bundle, image_tag, runtime, variant,
@@ -22,24 +23,15 @@ __all__ = ["BuildOptions", "ImageError", "ensure", "image_tag", "plan_build", "p
 
 
 def resolve_variant(name: str, runtime_name: str = DEFAULT_RUNTIME) -> str:
-    """A variant name of a runtime; `auto` becomes what this host's driver and GPUs run best (no NVIDIA GPU: cpu,
-    where the runtime has one; else ImageError saying why none runs)."""
-    if name != "auto":
-        return variant(name, runtime_name).name
+    """A variant name of a runtime; `auto` is compat.variant_for's for an image this host runs (what its driver and
+    GPUs run best; no NVIDIA GPU: cpu, where the runtime has one; else ImageError saying why none runs)."""
     from verl_deploy import compat
-    from verl_deploy.images.listing import host_reading
 
     try:
-        return compat.choose_variant(*host_reading(), compat.load_catalog(runtime=runtime(runtime_name).name)).name
-    except LookupError as exc:
-        raise ImageError(f"no {runtime_name} image runs on this host: {exc}") from None
-
-
-def _host_has_gpu() -> bool:
-    from verl_deploy.images.listing import host_reading
-
-    driver, capabilities = host_reading()
-    return driver is not None and bool(capabilities)
+        name = compat.variant_for(name, wants_gpus=True, on_this_host=True, runtime=runtime(runtime_name).name)
+    except (LookupError, ValueError) as exc:  # none runs here; a recorded reading that is not one
+        raise ImageError(str(exc)) from None
+    return variant(name, runtime_name).name
 
 
 def plan_build(
@@ -114,7 +106,7 @@ def ensure(variant_name: str, console: Console | None = None, runtime_name: str 
         return tag
     except docker.errors.ImageNotFound:
         pass
-    if not variant(name, runtime_name).is_cpu and not _host_has_gpu():
+    if not variant(name, runtime_name).is_cpu and not host_facts.read().has_gpu:
         # A CUDA build is GBs and minutes; on a host without a GPU it is never what `run` was meant to start.
         ours = runtime_name == DEFAULT_RUNTIME  # only our runtime has a cpu variant to offer instead
         flags = f"--variant {name}" + ("" if ours else f" --runtime {runtime_name}")

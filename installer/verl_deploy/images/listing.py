@@ -9,7 +9,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from verl_deploy import compat
+from verl_deploy import compat, host_facts
 from verl_deploy.images.context import ImageError, image_tag
 from verl_deploy.images.engine import engine
 from verl_deploy.images.stale import rebuild_hint, stale_reason
@@ -59,24 +59,6 @@ def local_images() -> dict[str, list[LocalImage]]:
     return found
 
 
-def host_reading() -> tuple[str | None, list[str]]:
-    """This host's NVIDIA driver and its GPUs' compute capabilities, one per GPU (None, [] without an NVIDIA GPU).
-    VERL_DEPLOY_NVML_READING replays a recorded reading, as for doctor."""
-    import os
-
-    from verl_deploy.doctor.core import Context, call_with_timeout
-    from verl_deploy.doctor.gpu import load_reading, read_nvml
-
-    if recorded := os.environ.get("VERL_DEPLOY_NVML_READING"):
-        ctx = Context(nvml=load_reading(recorded))
-        return ctx.driver, ctx.capabilities
-    try:
-        ctx = Context(nvml=call_with_timeout(read_nvml, 10))
-    except TimeoutError:
-        return None, []
-    return ctx.driver, ctx.capabilities
-
-
 def table(found: list[Row], engine_note: str = "") -> Table:
     """One row per variant. `image` is the tag `run` and `smoke` start (the one `images build` makes); other local
     tags of the variant (a registry's, a --tag of your own) follow it, dimmed."""
@@ -121,5 +103,5 @@ def list_variants() -> tuple[list[Row], str]:
         local = local_images()
     except ImageError as exc:
         note = str(exc)
-    driver, capabilities = host_reading()
-    return rows(driver, capabilities, local), note
+    host = host_facts.read()
+    return rows(host.driver, host.capabilities, local), note

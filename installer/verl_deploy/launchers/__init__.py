@@ -70,26 +70,11 @@ def get_launcher(target: str, runs_root: Path, namespace: str = "default", slurm
 __all__ = ["TARGETS", "CLUSTER_TARGETS", "JobSpec", "LaunchError", "Launcher", "get_launcher"]
 
 
-# Kubernetes nodes are not this host, so `auto` cannot ask their driver: CUDA 12.8 runs on drivers from 525 on
-# and covers Volta to Blackwell; node affinity then keeps the pods on nodes whose driver runs it.
-CLUSTER_GPU_VARIANT = "cu128"
-
-
-def cluster_variant(runtime: str = DEFAULT_RUNTIME) -> str:
-    """The variant a cluster's GPU nodes get for `auto`: CLUSTER_GPU_VARIANT, or another runtime's first (upstream
-    verl has cu130 alone)."""
-    from verl_deploy.compat import load_catalog
-
-    return CLUSTER_GPU_VARIANT if runtime == DEFAULT_RUNTIME else next(iter(load_catalog(runtime=runtime)))
-
-
 def default_image(variant: str, runtime: str = DEFAULT_RUNTIME) -> str:
-    """The tag `verl-deploy images build --variant V [--runtime R]` produces (for a dry run or a cluster: nothing
-    is built). `auto`: the cluster's variant."""
+    """The tag `verl-deploy images build --variant V [--runtime R]` produces for a variant as chosen
+    (compat.variant_for: a catalog name, never `auto`); nothing is built."""
     from verl_deploy.images import context
 
-    if variant == "auto":
-        variant = cluster_variant(runtime)
     try:
         if runtime != DEFAULT_RUNTIME:  # another runtime offers only some variants: name them
             context.variant(variant, runtime)
@@ -99,7 +84,7 @@ def default_image(variant: str, runtime: str = DEFAULT_RUNTIME) -> str:
 
 
 def ensure_default_image(variant: str, runtime: str = DEFAULT_RUNTIME) -> str:
-    """The variant's image (`auto`: doctor's choice for this host), built first when this host lacks it."""
+    """The variant's image (a catalog name, as compat.variant_for chose it), built first when this host lacks it."""
     from verl_deploy import images
 
     try:

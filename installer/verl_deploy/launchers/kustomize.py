@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from verl_deploy import assets
-from verl_deploy.launchers import CLUSTER_GPU_VARIANT, default_image
+from verl_deploy.compat import CLUSTER_GPU_VARIANT
+from verl_deploy.launchers import default_image
 from verl_deploy.launchers.jobspec import SECRET_ENV, SECRETS_DIR, JobSpec
 from verl_deploy.launchers.runplan import RunRequest, plan_run
 from verl_deploy.launchers.k8s import (

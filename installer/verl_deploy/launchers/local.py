@@ -24,10 +24,10 @@ def host_gpu_env(gpus: Gpus) -> dict[str, str]:
     torch can use them (else the run would quietly train on the CPU)."""
     if not gpus.wanted:
         return {}
+    from verl_deploy import host_facts
     from verl_deploy.doctor.torch_check import installed_torch
-    from verl_deploy.images.listing import host_reading
 
-    found = len(host_reading()[1])
+    found = len(host_facts.read().capabilities)
     env = visible_devices(gpus, found)
     build = installed_torch()
     if build is None or build[1] is None:
@@ -56,7 +56,7 @@ class LocalLauncher:
         self.runs_root = Path(runs_root)
 
     def command(self, spec: JobSpec) -> list[str]:
-        return [sys.executable, "-m", "verl_runtime", *spec.train_args(str(spec.config_path), str(spec.run_dir))]
+        return [sys.executable, "-m", "verl_runtime", *spec.command.host_args]
 
     def dry_run(self, spec: JobSpec) -> str:
         env = " ".join(f"{key}={shlex.quote(value)}" for key, value in host_gpu_env(spec.gpus).items())

@@ -66,7 +66,7 @@ class RunPlan:
 
     spec: JobSpec
     target: str
-    variant: str  # as chosen: a catalog name, or auto (the host's best, resolved where the image is built)
+    variant: str | None  # a catalog name (`auto` chosen by compat.variant_for); None: --image, and none runs here
     build_image: bool
     slurm: object | None = None  # launchers.slurm.SlurmOptions for a slurm run
     resume_changes: tuple[str, ...] = ()  # what --resume changed of the recorded launch, one line each
@@ -98,7 +98,7 @@ def config_and_overrides(args, settings, runtime: str = compat.DEFAULT_RUNTIME) 
 def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | None = None) -> RunPlan:
     """The plan of one run; LaunchError or ValueError (one line) for input it refuses. `--gpus` is parsed here,
     once; the world size is resolved once (build_spec); the variant and image are chosen once."""
-    from verl_deploy.launchers import cluster_variant, default_image
+    from verl_deploy.launchers import CLUSTER_TARGETS, default_image
 
     environ = os.environ if environ is None else environ
     runtime, resume = request.runtime, request.resume
@@ -140,12 +140,15 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
         ipc_host=request.ipc_host, nodes=nodes, **volumes, storage_class=request.storage_class, env=extra_env,
         namespace=request.namespace, runtime=runtime, cluster=cluster, environ=environ,
     )
-    variant = request.variant or ("auto" if spec.gpus.wanted else "cpu")
-    if variant == "auto" and target == "k8s":
-        variant = cluster_variant(runtime)  # the cluster's drivers are not this host's
+    try:  # the one choice, so a dry run names the image the run starts
+        variant = compat.variant_for(request.variant or "auto", wants_gpus=spec.gpus.wanted,
+                                     on_this_host=target not in CLUSTER_TARGETS, runtime=runtime)
+    except LookupError as exc:
+        if image is None:
+            raise LaunchError(f"{exc}: name one with --variant, or give --image") from None
+        variant = None  # --image names what runs: no variant of the catalog has to run here
     build_image = image is None and target == "docker" and not request.dry_run
-    spec = dataclasses.replace(spec, image=image or default_image(variant, runtime),
-                               variant=None if variant == "auto" else variant)
+    spec = dataclasses.replace(spec, image=image or default_image(variant, runtime), variant=variant)
     check_paths(spec, target)  # data, reward and model files, before an image is built or anything started
     slurm = None
     if target == "slurm":

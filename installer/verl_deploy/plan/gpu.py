@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from verl_deploy.plan.errors import PlanError
 from verl_deploy.sizes import GiB, SizeError, parse_size
 
-NVML_READING_ENV = "VERL_DEPLOY_NVML_READING"  # a recorded reading replayed instead of this host's (as doctor)
 
 
 @dataclass(frozen=True)
@@ -50,20 +48,13 @@ def from_size(text: str, name: str | None = None) -> Device:
 
 
 def host_reading() -> dict:
-    """This host's NVML reading (or the one VERL_DEPLOY_NVML_READING names), as doctor takes it."""
-    from verl_deploy.doctor import gpu as doctor_gpu
-    from verl_deploy.doctor.core import PROBE_TIMEOUT_S, call_with_timeout
+    """This host's NVML reading (host_facts: or the recorded one VERL_DEPLOY_NVML_READING names), as doctor takes it."""
+    from verl_deploy import host_facts
 
-    recorded = os.environ.get(NVML_READING_ENV)
-    if recorded:
-        try:
-            return doctor_gpu.load_reading(Path(recorded))
-        except ValueError as exc:
-            raise PlanError(str(exc)) from None
     try:
-        return call_with_timeout(doctor_gpu.read_nvml, PROBE_TIMEOUT_S)
-    except TimeoutError as exc:
-        return {"error": "init_failed", "message": f"NVML {exc}"}
+        return host_facts.nvml_reading()
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def from_reading(reading: dict, wanted: list[int] | None = None) -> Device | None:
