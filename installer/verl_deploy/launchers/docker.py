@@ -67,18 +67,18 @@ def plans(spec: JobSpec) -> list[Plan]:
     """Containers in start order. Several nodes: a Ray head and workers on one network, the way a KubeRay
     RayJob runs; the trainer runs on the head and joins its cluster through RAY_ADDRESS."""
     if spec.nodes == 1:
-        return [Plan(spec.run_id, "trainer", spec.trainer_args())]
+        return [Plan(spec.run_id, "trainer", list(spec.command.entry_args))]
     head = spec.run_id  # the head keeps the run's name: status, logs and stop follow it
     # Wait for the head, then serve it; `--block` returns once the head is gone, so workers end with the run.
-    # Upstream verl's Ray processes start with the secret files loaded (spec.with_secrets), as its trainer does.
+    # Upstream verl's Ray processes start with the secret files loaded (secrets_loader), as its trainer does.
     join = (
         f"until ray health-check --address={head}:{RAY_PORT} 2>/dev/null; do sleep 1; done; "
-        f"exec {shlex.join(spec.with_secrets(['ray', 'start', f'--address={head}:{RAY_PORT}', '--block']))}"
+        f"exec {shlex.join([*spec.command.secrets_loader, 'ray', 'start', f'--address={head}:{RAY_PORT}', '--block'])}"
     )
     workers = [Plan(f"{spec.run_id}-worker-{i}", "ray-worker", [join], shell=True) for i in range(1, spec.nodes)]
-    train = shlex.join(spec.command())
+    train = shlex.join(spec.command.shell)
     start_head = (
-        f"{shlex.join(spec.with_secrets(['ray', 'start', '--head', f'--port={RAY_PORT}', '--disable-usage-stats']))} && "
+        f"{shlex.join([*spec.command.secrets_loader, 'ray', 'start', '--head', f'--port={RAY_PORT}', '--disable-usage-stats'])} && "
         f"exec env RAY_ADDRESS=127.0.0.1:{RAY_PORT} {train}"
     )
     return [*workers, Plan(head, "ray-head", [start_head], shell=True)]
@@ -442,7 +442,7 @@ class DockerLauncher:
             previous = runs.read_record(spec.run_dir)
             _prepare_run_dir(spec)
             runs.write_record(spec.run_dir, {
-                **spec.record(), "target": self.target, "command": spec.command(),
+                **spec.record(), "target": self.target, "command": list(spec.command.shell),
                 "memory": docker_size(spec.memory) if spec.memory else None,
                 "exit_code": None, "detail": "", "finished_at": None, "stop_asked_at": None,
             })

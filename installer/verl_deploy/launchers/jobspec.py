@@ -10,7 +10,7 @@ import re
 import secrets as _secrets
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,6 +96,24 @@ class ClusterOptions:
 
 
 @dataclass(frozen=True)
+class Command:
+    """What trains a run, as each launcher needs it; built once, by command_of (build_spec)."""
+
+    # The trainer's arguments, container paths: after `python -m verl_runtime`, or after upstream verl's main_ppo.
+    args: tuple[str, ...] = ()
+    # Our runtime's arguments with host paths (a local run, Slurm without a container); () for upstream verl.
+    host_args: tuple[str, ...] = ()
+    # What follows the image's entrypoint (a container's arguments): ours is `python -m verl_runtime`; verl's image
+    # loads the secret files, then runs its trainer, which these name.
+    entry_args: tuple[str, ...] = ()
+    # The whole command line, for a shell to run (a Ray head, a RayJob's entrypoint, a Slurm step, launch.json).
+    shell: tuple[str, ...] = ()
+    # What a Ray node's command runs under to have the secret files: upstream verl's loader (its image's
+    # entrypoint); () for our runtime, which loads them itself.
+    secrets_loader: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """One training run, independent of where it runs."""
 
@@ -130,6 +148,7 @@ class JobSpec:
     namespace: str = "default"
     user: str = "1000:1000"
     cluster: ClusterOptions = ClusterOptions()
+    command: Command = Command()  # build_spec's (command_of); empty for a Job that does not train (an export)
 
     def record(self) -> dict:
         """What launch.json keeps of the spec, so that `--resume` starts the run again as it was (secrets by
@@ -156,43 +175,6 @@ class JobSpec:
         """The trainer's working directory in the container (None: the image's). Upstream verl's is its run
         directory: Hydra writes its outputs/ there (the image's root file system is read-only)."""
         return self.container_run_dir if self.upstream else None
-
-    def trainer_args(self) -> list[str]:
-        """What follows the image's entrypoint: our runtime's `train ...`, or verl's whole command (its image's
-        entrypoint loads the secret files, then runs it)."""
-        if not self.upstream:
-            return self.train_args()
-        per_node = self.gpus.number or 0
-        return [*self.trainer, *verl_command.trainer_args(self.overrides, per_node, self.nodes, self.container_run_dir)]
-
-    def command(self) -> list[str]:
-        """The whole command line that trains, for a shell to run (a Ray head, a RayJob's entrypoint)."""
-        if not self.upstream:
-            return ["python", "-m", "verl_runtime", *self.train_args()]
-        return [*verl_command.SECRETS_ENTRY, *self.trainer_args()]
-
-    def with_secrets(self, argv: list[str]) -> list[str]:
-        """argv run with the secret files loaded first: upstream verl's Ray nodes (our runtime loads them itself)."""
-        return [*verl_command.SECRETS_ENTRY, *argv] if self.upstream else argv
-
-    @property
-    def trainer(self) -> tuple[str, ...]:
-        """The runtime's training command (the catalog's `trainer`)."""
-        return compat.load_runtimes()[self.runtime].trainer
-
-    def train_args(self, config_file: str = CONFIG_FILE, run_dir: str | None = None) -> list[str]:
-        """The runtime's command line after `python -m verl_runtime`; container paths unless told otherwise.
-
-        `trainer.resume=auto` always: a fresh run directory starts from scratch, a reused one continues."""
-        run_dir = run_dir or self.container_run_dir
-        args = ["train", config_file, "--set", f"trainer.run_dir={run_dir}", "--set", "trainer.resume=auto"]
-        if self.world_size:
-            args += ["--set", f"trainer.n_workers={self.world_size}"]
-        for override in self.overrides:
-            args += ["--set", override]
-        if self.reward_file and config_file == CONFIG_FILE:  # container paths: the file is where mounts put it
-            args += ["--set", f"reward.function={self.container_reward_file}" + (f":{self.reward_name}" * bool(self.reward_name))]
-        return args
 
     @property
     def container_reward_file(self) -> str:
@@ -420,6 +402,33 @@ def host_reward_file(function: str | None) -> tuple[Path | None, str]:
     return (file.resolve(), name) if path.endswith(".py") and file.is_file() else (None, "")
 
 
+def command_of(spec: JobSpec) -> Command:
+    """The run's Command. Our runtime's: `train` with the config file and the run directory (the container's, or
+    the host's), `trainer.resume=auto` always (a fresh run directory starts from scratch, a reused one continues),
+    the world size, the overrides, and in a container reward.function where the mounts put its file. Upstream
+    verl's: its trainer with main_ppo's arguments (verl_command), run under its secret-file loader."""
+    if spec.upstream:
+        args = tuple(verl_command.trainer_args(spec.overrides, spec.gpus.number or 0, spec.nodes, spec.container_run_dir))
+        entry_args = (*compat.load_runtimes()[spec.runtime].trainer, *args)
+        loader = verl_command.SECRETS_ENTRY
+        return Command(args=args, entry_args=entry_args, shell=(*loader, *entry_args), secrets_loader=loader)
+
+    def train(config: str, run_dir: str) -> tuple[str, ...]:
+        args = ["train", config, "--set", f"trainer.run_dir={run_dir}", "--set", "trainer.resume=auto"]
+        if spec.world_size:
+            args += ["--set", f"trainer.n_workers={spec.world_size}"]
+        for override in spec.overrides:
+            args += ["--set", override]
+        return tuple(args)
+
+    reward = ()
+    if spec.reward_file:
+        reward = ("--set", f"reward.function={spec.container_reward_file}" + f":{spec.reward_name}" * bool(spec.reward_name))
+    args = (*train(CONFIG_FILE, spec.container_run_dir), *reward)
+    return Command(args=args, host_args=train(str(spec.config_path), str(spec.run_dir)), entry_args=args,
+                   shell=("python", "-m", "verl_runtime", *args))
+
+
 def build_spec(
     config: str | Path | None,
     *,
@@ -483,7 +492,7 @@ def build_spec(
     leaked = sorted(set(env) & set(SECRET_ENV))
     if leaked:
         raise LaunchError(f"{', '.join(leaked)} must come from the environment, not --env (it would be written down)")
-    return JobSpec(
+    spec = JobSpec(
         run_id=run_id,
         image=image,
         variant=variant,
@@ -514,3 +523,4 @@ def build_spec(
         user=host_user(),
         cluster=cluster or ClusterOptions(),
     )
+    return replace(spec, command=command_of(spec))  # built once, from the spec's final values

@@ -293,7 +293,7 @@ def job(spec: JobSpec) -> dict:
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "template": {
                 "metadata": {"labels": dict(spec.labels)},
-                "spec": pod_spec(spec, container(spec, args=spec.trainer_args())),
+                "spec": pod_spec(spec, container(spec, args=list(spec.command.entry_args))),
             },
         },
     }
@@ -325,7 +325,7 @@ def ray_job(spec: JobSpec) -> dict:
         "kind": "RayJob",
         "metadata": _metadata(spec, spec.run_id),
         "spec": {
-            "entrypoint": shlex.join(spec.command()),
+            "entrypoint": shlex.join(spec.command.shell),
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "rayClusterSpec": {

@@ -164,8 +164,8 @@ def _workers_srun(spec: JobSpec) -> str:
 
 def _trainer_argv(spec: JobSpec, options: SlurmOptions) -> list[str]:
     if options.mode == "none":
-        return [options.python, "-m", "verl_runtime", *spec.train_args(str(spec.config_path), str(spec.run_dir))]
-    return spec.command()
+        return [options.python, "-m", "verl_runtime", *spec.command.host_args]
+    return list(spec.command.shell)
 
 
 def _ray(options: SlurmOptions) -> str:
@@ -174,12 +174,12 @@ def _ray(options: SlurmOptions) -> str:
 
 
 def ray_head(spec: JobSpec, options: SlurmOptions) -> list[str]:
-    return spec.with_secrets([_ray(options), "start", "--head", f"--port={RAY_PORT}",
-                              "--node-ip-address=$VERL_DEPLOY_HEAD_IP", "--disable-usage-stats", "--block"])
+    return [*spec.command.secrets_loader, _ray(options), "start", "--head", f"--port={RAY_PORT}",
+            "--node-ip-address=$VERL_DEPLOY_HEAD_IP", "--disable-usage-stats", "--block"]
 
 
 def ray_worker(spec: JobSpec, options: SlurmOptions) -> list[str]:
-    return spec.with_secrets([_ray(options), "start", "--address=$RAY_ADDRESS", "--block"])
+    return [*spec.command.secrets_loader, _ray(options), "start", "--address=$RAY_ADDRESS", "--block"]
 
 
 def _expand(line: str) -> str:
