@@ -137,9 +137,12 @@ def test_quickstart_trains_to_the_end_through_sbatch(tmp_path, slurm):
 
 @pytest.mark.slow
 def test_requeue_and_stop_checkpoint_and_resume_without_losing_a_step(tmp_path, slurm):
-    runs, run_id, total = tmp_path / "runs", "sl-requeue", 7
+    # Enough steps that the requeue and the stop land mid-run on an idle machine too (a quickstart step takes
+    # tens of milliseconds); a checkpoint every step, the newest two kept.
+    runs, run_id, total = tmp_path / "runs", "sl-requeue", 60  # of the 64 steps of one epoch
     started = cli("run", QUICKSTART, "--target", "slurm", "--runs-dir", runs, "--run-id", run_id, "--detach",
-                  *SHORT, "--set", f"trainer.total_training_steps={total}", "--set", "trainer.save_freq=1")
+                  *SHORT, "--set", f"trainer.total_training_steps={total}", "--set", "trainer.save_freq=1",
+                  "--set", "trainer.keep_last=2")
     assert started.exit_code == 0, started.output
     run_dir = runs / run_id
     job = read_record(run_dir)["job_id"]

@@ -16,6 +16,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_runtime import rundir
@@ -474,3 +475,15 @@ def local_run_ids(runs_root: Path, target: str | None = None) -> list[str]:
         return []
     found = sorted(p.name for p in runs_root.iterdir() if (p / LAUNCH_RECORD).is_file())
     return [r for r in found if target is None or read_record(runs_root / r).get("target") == target]
+
+
+def follow_log(log, still_running, poll_s: float = 0.5) -> Iterator[str]:
+    """An open log's text so far, then (while still_running() says so) what is appended to it, then the rest: the
+    `logs -f` of every target whose log is a file in the run directory."""
+    yield log.read()
+    while still_running():
+        time.sleep(poll_s)
+        text = log.read()
+        if text:
+            yield text
+    yield log.read()

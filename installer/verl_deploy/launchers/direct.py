@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import socket
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -52,13 +51,7 @@ class DirectLauncher:
         except OSError:
             raise LaunchError(f"run {run_id} has no {rundir.TRAIN_LOG} (yet)") from None
         with log:
-            yield log.read()
-            while follow and runs.trainer_holds(run_dir):
-                time.sleep(0.5)
-                text = log.read()
-                if text:
-                    yield text
-            yield log.read()
+            yield from runs.follow_log(log, lambda: follow and runs.trainer_holds(run_dir))
 
     def stop(self, run_id: str) -> str:
         """SIGTERM to the trainer that holds the run directory (it checkpoints), when it runs on this host."""

@@ -123,13 +123,7 @@ class LocalLauncher:
     def logs(self, run_id: str, follow: bool = False) -> Iterator[str]:
         run_dir = self._run_dir(run_id)
         with open(run_dir / CONSOLE_LOG, errors="replace") as log:
-            yield log.read()
-            while follow and self._running(run_dir):
-                time.sleep(0.5)
-                text = log.read()
-                if text:
-                    yield text
-            yield log.read()
+            yield from runs.follow_log(log, lambda: follow and self._running(run_dir))
 
     def stop(self, run_id: str) -> str:
         """SIGTERM to the run's session (the trainer checkpoints), once it is sure the pid is still the run's."""

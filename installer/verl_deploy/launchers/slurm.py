@@ -399,13 +399,7 @@ class SlurmLauncher:
         if not log_path.exists():
             return
         with open(log_path, errors="replace") as log:
-            yield log.read()
-            while follow and self._active(run_dir):
-                time.sleep(1)
-                text = log.read()
-                if text:
-                    yield text
-            yield log.read()
+            yield from runs.follow_log(log, lambda: follow and self._active(run_dir), poll_s=1)
 
     def stop(self, run_id: str) -> str:
         """TERM to the batch shell only, which asks the trainer to checkpoint and stop; the job then ends. A job
