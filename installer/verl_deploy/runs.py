@@ -451,10 +451,21 @@ def direct_run_ids(runs_root: Path) -> list[str]:
     return sorted(p.name for p in Path(runs_root).iterdir() if p.is_dir() and is_direct_run(p))
 
 
+def in_use(run_id: str, run_dir: Path) -> str | None:
+    """One line when a live trainer holds run_dir (a local one, or one in a container), else None."""
+    holder = rundir.holder(run_dir)
+    if holder is None:
+        return None
+    return (f"run {run_id} is in use by a live trainer{rundir.describe(holder)}: `verl-deploy stop {run_id}` first, "
+            "or train under another run id")
+
+
 def existing_run(runs_root: Path, run_id: str) -> str | None:
     """One line for a new run that would reuse run_id's directory (a launched run or a direct one), else None:
-    the trainer would silently resume it."""
+    the trainer would silently resume it. A run a live trainer holds is said to be in use, first."""
     run_dir = Path(runs_root) / run_id
+    if busy := in_use(run_id, run_dir):
+        return busy
     record = read_record(run_dir)
     if not record and not is_direct_run(run_dir):
         return None

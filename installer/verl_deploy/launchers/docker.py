@@ -25,7 +25,6 @@ from verl_deploy.launchers.jobspec import (
 )
 from verl_deploy.sizes import docker_size
 from verl_deploy.runs import RunStatus
-from verl_runtime import rundir
 from verl_runtime.rundir import TRAIN_LOG
 
 # NVIDIA's recommendation for PyTorch containers: pinned memory without limit, a 64 MB stack.
@@ -429,10 +428,8 @@ class DockerLauncher:
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
         import docker.errors
 
-        holder = rundir.holder(spec.run_dir)  # a local trainer, or one in a container we do not label
-        if holder is not None:
-            raise LaunchError(f"run {spec.run_id} is in use by a live trainer{rundir.describe(holder)}: "
-                              f"`verl-deploy stop {spec.run_id}` first, or train under another run id")
+        if busy := runs.in_use(spec.run_id, spec.run_dir):  # a local trainer, or one in a container we do not label
+            raise LaunchError(busy)
         fresh = not spec.run_dir.exists()
         previous = None  # the record before this launch changed it (a resumed run)
         try:
