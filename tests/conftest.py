@@ -7,6 +7,8 @@ component fails the test; elsewhere the test is skipped with the reason.
 import os
 import shutil
 import socket
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,35 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# The two image builds that take ~20 GB of disk each (a CUDA image and the stage it was made from) run first, while
+# the disk holds least: a CI run on a machine with less free disk than ours ran out at their COPY steps once the
+# earlier Docker tests' CPU images were there. Each removes what it made before the next starts.
+DISK_HEAVY = ("test_images_cuda.py", "test_images_verl.py")
+SESSION_START = time.time()
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name not in DISK_HEAVY)  # stable: the rest keep their order
+
+
+def make_room(client, need_gb: float, what: str) -> None:
+    """Before a big build: remove the untagged images this test session left (stages of earlier builds, tags moved
+    on) that no container uses, then fail (CI) or skip with one line if the engine's disk still has too little."""
+    for image in client.images.list(filters={"dangling": True}):
+        created = datetime.fromisoformat(image.attrs["Created"].split(".")[0].rstrip("Z")).replace(tzinfo=timezone.utc)
+        if created.timestamp() >= SESSION_START - 1:
+            try:
+                client.images.remove(image.id)
+            except Exception:  # in use by a container, or gone with its child
+                pass
+    root = client.info()["DockerRootDir"]
+    if not os.path.isdir(root):  # a remote engine: its disk is not ours to read
+        return
+    free = shutil.disk_usage(root).free / 1e9
+    require(free >= need_gb, f"{what} needs about {need_gb:.0f} GB free under {root}, and {free:.1f} GB is: "
+                             "free some (docker image prune; docker builder prune) and run again")
 
 
 def remove_images_made_since(client, before: set[str], tag: str) -> None:

@@ -23,7 +23,7 @@ from verl_deploy.images import plan_build
 from verl_deploy.images.build import build
 from verl_deploy.images.context import nvidia_require_cuda, unused
 
-from conftest import REPO, remove_images_made_since
+from conftest import REPO, make_room, remove_images_made_since
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -41,6 +41,7 @@ def cuda_image(docker_client, base_image):
         image = docker_client.api.inspect_image(tag)
         yield SimpleNamespace(tag=tag, size=image["Size"], seconds=0.0, log=None)
         return
+    make_room(docker_client, need_gb=22, what="the cu130 image build")
     before = {image.id for image in docker_client.images.list(all=True)}
     root = docker_client.info()["DockerRootDir"]
     free_before = shutil.disk_usage(root).free if os.path.isdir(root) else None

@@ -24,7 +24,7 @@ from verl_deploy.images import plan_build
 from verl_deploy.images.build import build
 from verl_deploy.launchers import upstream, verl_command
 
-from conftest import remove_images_made_since
+from conftest import make_room, remove_images_made_since
 from test_verl_runtime import EXAMPLE
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -38,6 +38,7 @@ def verl_image(docker_client, base_image):
     if tag := os.environ.get("VERL_DEPLOY_TEST_VERL_IMAGE"):
         yield SimpleNamespace(tag=tag)
         return
+    make_room(docker_client, need_gb=22, what="verl's cu130 image build")
     before = {image.id for image in docker_client.images.list(all=True)}
     opts, notes = plan_build("cu130", base_image=base_image, tag=TAG, no_cache=True, runtime_name="verl")
     console = Console(stderr=True, width=200, force_terminal=False)
