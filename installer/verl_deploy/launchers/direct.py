@@ -7,14 +7,13 @@ after."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 from pathlib import Path
 from typing import Iterator
 
 from verl_deploy import runs
-from verl_deploy.launchers.jobspec import JobSpec, LaunchError
+from verl_deploy.launchers.jobspec import JobSpec, LaunchError, remove_run_dir
 from verl_deploy.runs import DIRECT, RunStatus
 from verl_runtime import rundir
 
@@ -68,12 +67,6 @@ class DirectLauncher:
         return [self._status(self.runs_root / run_id) for run_id in runs.direct_run_ids(self.runs_root)]
 
     def remove(self, run_id: str, confirm=None) -> list[str]:
-        """Remove a run that has ended: its run directory. A running one is refused: `stop` checkpoints it first."""
+        """Remove a run that has ended: its run directory."""
         run_dir = self._run_dir(run_id)
-        if runs.trainer_holds(run_dir):
-            raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
-        items = [f"run directory {run_dir}"]
-        if confirm is not None:
-            confirm(items)
-        shutil.rmtree(run_dir)
-        return items
+        return remove_run_dir(run_id, run_dir, runs.trainer_holds(run_dir), confirm)

@@ -65,6 +65,20 @@ def launch_fault(exc: OSError, run_dir: Path | None = None) -> LaunchError:
     return LaunchError(str(fault) if fault else f"cannot write {path}: {exc.strerror or exc}")
 
 
+def remove_run_dir(run_id: str, run_dir: Path, busy: bool, confirm=None, busy_as: str = "still running") -> list[str]:
+    """`runs rm` of a run kept in its run directory alone (local, direct, Slurm): refused while `busy` (`stop`
+    checkpoints it first); `confirm(items)` sees what will go first, and raises to keep it."""
+    import shutil
+
+    if busy:
+        raise LaunchError(f"run {run_id} is {busy_as}: `verl-deploy stop {run_id}` first")
+    items = [f"run directory {run_dir}"]
+    if confirm is not None:
+        confirm(items)
+    shutil.rmtree(run_dir)
+    return items
+
+
 @contextmanager
 def sizes_checked():
     """A value sizes.py refuses (a size, a CPU or GPU count, a node count), as a LaunchError: the same one line on

@@ -14,7 +14,7 @@ from typing import Iterator
 from verl_deploy import runs
 from verl_runtime import rundir
 from verl_runtime.rundir import CONSOLE_LOG
-from verl_deploy.launchers.jobspec import Gpus, JobSpec, LaunchError, launch_fault
+from verl_deploy.launchers.jobspec import Gpus, JobSpec, LaunchError, launch_fault, remove_run_dir
 from verl_deploy.runs import RunStatus
 
 
@@ -144,18 +144,9 @@ class LocalLauncher:
         return [self._status(self.runs_root / run_id) for run_id in runs.local_run_ids(self.runs_root, self.target)]
 
     def remove(self, run_id: str, confirm=None) -> list[str]:
-        """Remove a run that has ended: its run directory (config, metrics, logs, checkpoints). A running one is
-        refused: `stop` checkpoints it first. `confirm(items)` sees what will go first, and raises to keep it."""
-        import shutil
-
+        """Remove a run that has ended: its run directory (config, metrics, logs, checkpoints)."""
         run_dir = self._run_dir(run_id)
-        if self._running(run_dir):
-            raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
-        items = [f"run directory {run_dir}"]
-        if confirm is not None:
-            confirm(items)
-        shutil.rmtree(run_dir)
-        return items
+        return remove_run_dir(run_id, run_dir, self._running(run_dir), confirm)
 
 
 def _abandon(run_dir: Path, fresh: bool, exc: OSError) -> LaunchError:

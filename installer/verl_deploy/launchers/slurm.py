@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 from verl_deploy import runs, sizes
-from verl_deploy.launchers.jobspec import JobSpec, LaunchError
+from verl_deploy.launchers.jobspec import JobSpec, LaunchError, remove_run_dir
 from verl_deploy.runs import RunStatus
 from verl_runtime.rundir import JOB_EXIT, JOB_LOG, JOB_SCRIPT
 
@@ -422,13 +422,7 @@ class SlurmLauncher:
 
     def remove(self, run_id: str, confirm=None) -> list[str]:
         run_dir = self._run_dir(run_id)
-        if self._active(run_dir):
-            raise LaunchError(f"run {run_id} is still queued or running: `verl-deploy stop {run_id}` first")
-        items = [f"run directory {run_dir}"]
-        if confirm is not None:
-            confirm(items)
-        shutil.rmtree(run_dir)
-        return items
+        return remove_run_dir(run_id, run_dir, self._active(run_dir), confirm, busy_as="still queued or running")
 
 
 __all__ = ["CONTAINERS", "SlurmLauncher", "SlurmOptions", "batch_script"]

@@ -314,7 +314,6 @@ def _count_on_meta(source: ConfigSource) -> ModelShape:
     """Build the model from its config on the meta device and count. ImportError when transformers is missing."""
     import torch
     import transformers
-    from torch import nn
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from verl_runtime.models import _quiet_transformers

@@ -227,7 +227,6 @@ def _more_gpus(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | N
     if work.device != "cuda" or (work.runtime == OURS and not (work.actor_sharded or work.world == 1)):
         return None
     per_node, nodes = work.gpus_per_node, work.nodes
-    best = None
     for _ in range(MAX_DOUBLINGS):
         if per_node < 8:
             per_node *= 2
