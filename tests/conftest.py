@@ -76,6 +76,24 @@ def remove_images_made_since(client, before: set[str], tag: str) -> None:
             pass
 
 
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """cluster(answers) starts the recorded API server (tests/k8s_api.py) with these answers as the user's
+    KUBECONFIG, HOME being tmp_path; every server it started stops after the test."""
+    from contextlib import ExitStack
+
+    from k8s_api import ApiServer
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with ExitStack() as servers:
+        def start(answers: dict) -> ApiServer:
+            api = servers.enter_context(ApiServer(answers))
+            monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
+            return api
+
+        yield start
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     """A client of a running Docker engine. Its calls may wait: right after a module removes a CUDA image's ~10 GB of

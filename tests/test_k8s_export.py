@@ -8,7 +8,6 @@ import subprocess
 
 import pytest
 import yaml
-from k8s_api import ApiServer
 from typer.testing import CliRunner
 
 from test_k8s import validate
@@ -41,18 +40,9 @@ def k8s_run(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    servers = []
-
-    def start(answers: dict) -> ApiServer:
-        api = ApiServer({("GET", "/api/v1/namespaces/team-a"): "namespace-team-a.json", **answers}).__enter__()
-        servers.append(api)
-        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
-        return api
-
-    yield start
-    for api in servers:
-        api.__exit__(None, None, None)
+def team_a(cluster):
+    """The recorded API server of conftest's `cluster`, where namespace team-a exists."""
+    return lambda answers: cluster({("GET", "/api/v1/namespaces/team-a"): "namespace-team-a.json", **answers})
 
 
 def dry_run(root, *flags) -> list[dict]:
@@ -100,8 +90,8 @@ def test_the_job_passes_the_policy_scan_but_the_listed_exceptions(k8s_run, tmp_p
     assert failed <= {e["id"] for e in exceptions()}, failed
 
 
-def test_export_creates_the_job_waits_for_it_and_says_how_to_copy_the_model(k8s_run, cluster, monkeypatch):
-    api = cluster({("GET", JOB): "job-r1-export-running.json"})
+def test_export_creates_the_job_waits_for_it_and_says_how_to_copy_the_model(k8s_run, team_a, monkeypatch):
+    api = team_a({("GET", JOB): "job-r1-export-running.json"})
     polls = []
 
     def pause():  # the cluster finishes the export while the CLI waits
@@ -127,8 +117,8 @@ def test_export_creates_the_job_waits_for_it_and_says_how_to_copy_the_model(k8s_
     assert copy[3] == "kubectl -n team-a delete pod r1-copy"
 
 
-def test_detach_creates_the_job_and_returns(k8s_run, cluster):
-    api = cluster({})
+def test_detach_creates_the_job_and_returns(k8s_run, team_a):
+    api = team_a({})
     result = cli("export", "r1", "--runs-dir", k8s_run, "--detach")
     assert result.exit_code == 0, result.output
     assert ("PATCH", JOB) in api.calls("PATCH") and ("GET", JOB) not in api.calls("GET")
@@ -136,8 +126,8 @@ def test_detach_creates_the_job_and_returns(k8s_run, cluster):
     assert "cp r1-copy:/workspace/runs/r1/hf r1-hf" in result.output  # no --step: the exports' directory
 
 
-def test_a_failed_export_is_one_line_with_its_own_error(k8s_run, cluster):
-    cluster({("GET", JOB): "job-r1-export-failed.json", ("GET", f"{CORE}/pods"): "pods-r1-export-failed.json",
+def test_a_failed_export_is_one_line_with_its_own_error(k8s_run, team_a):
+    team_a({("GET", JOB): "job-r1-export-failed.json", ("GET", f"{CORE}/pods"): "pods-r1-export-failed.json",
              ("GET", f"{CORE}/pods/{NAME}-x7k2p/log"): "log-r1-export-failed.log"})
     result = cli("export", "r1", "--runs-dir", k8s_run, "--step", "7")
     assert result.exit_code == 2

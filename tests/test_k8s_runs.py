@@ -7,7 +7,7 @@ from), so these tests show what a user reads when a pod is Pending for each of t
 import subprocess
 
 import pytest
-from k8s_api import ApiServer, recorded
+from k8s_api import recorded
 from typer.testing import CliRunner
 
 from verl_deploy import cli as cli_module
@@ -23,23 +23,6 @@ POLICIES = "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies"
 
 def cli(*args, **kwargs):
     return CliRunner().invoke(app, [str(a) for a in args], **kwargs)
-
-
-@pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    """Start the recorded API server with these answers, as the user's KUBECONFIG."""
-    monkeypatch.setenv("HOME", str(tmp_path))
-    servers = []
-
-    def start(answers: dict) -> ApiServer:
-        api = ApiServer(answers).__enter__()
-        servers.append(api)
-        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
-        return api
-
-    yield start
-    for api in servers:
-        api.__exit__(None, None, None)
 
 
 def pending_run(pods: str, events: str, cache: str = "pvc-r1-hf-cache-pending.json") -> dict:
