@@ -85,7 +85,8 @@ def test_dry_run_yaml_validates_and_keeps_secrets_out(flags, tmp_path):
     assert result.exit_code == 0, result.output
     assert SECRET not in result.output and "kubectl create secret generic verl-deploy-secrets" in result.output
     objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-    assert [o["kind"] for o in objects][:3] == ["ConfigMap", "NetworkPolicy", "PersistentVolumeClaim"]
+    policies = ["NetworkPolicy"] * (2 if "--nodes" in flags else 1)  # a RayJob's submitter has its own
+    assert [o["kind"] for o in objects][:2 + len(policies)] == ["ConfigMap", *policies, "PersistentVolumeClaim"]
     for obj in objects:
         validate(obj)
     workload = objects[-1]
@@ -257,10 +258,11 @@ def test_a_ray_job_owns_its_config_map_and_network_policy(tmp_path):
     answers = {**NAMESPACE, ("PATCH", "/apis/ray.io/v1/namespaces/team-a/rayjobs/r2"): "rayjob-r2-applied.json"}
     with ApiServer(answers) as api:
         K8sLauncher(tmp_path, "team-a", cluster=Cluster(api.client())).launch(spec, detach=True)
-    owners = api.requests[-2:]
+    owners = api.requests[-3:]
     assert [(r.method, r.path) for r in owners] == [
         ("PATCH", "/api/v1/namespaces/team-a/configmaps/r2-config"),
         ("PATCH", "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/r2-ingress"),
+        ("PATCH", "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/r2-submitter-ingress"),
     ]
     for owner in owners:
         assert owner.body["metadata"]["ownerReferences"] == [{

@@ -4,7 +4,7 @@ listed there is still needed, so the list cannot go stale.
 
 checkov is installed by `make setup` in a venv of its own, .venv/tools/checkov (its pins do not fit the test venv).
 checkov scans built-in workloads (a Job, and the Pod it derives from the Job's template) but not custom resources:
-a KubeRay RayJob yields no result at all. So the head and worker pod templates of every RayJob are scanned here as
+a KubeRay RayJob yields no result at all. So the head, worker and submitter pod templates of every RayJob are scanned here as
 plain v1 Pods (name RAYJOB-GROUP, the template's labels, the RayJob's namespace) beside the manifests themselves.
 """
 
@@ -59,9 +59,11 @@ def dry_run(name: str, flags: list[str], tmp: Path) -> list[dict]:
 
 
 def ray_pods(rayjob: dict) -> list[dict]:
-    """The RayJob's head and worker pod templates as the v1 Pods KubeRay makes of them (checkov cannot see inside)."""
+    """The RayJob's head, worker and submitter pod templates as the v1 Pods KubeRay makes of them (checkov cannot see
+    inside)."""
     cluster = rayjob["spec"]["rayClusterSpec"]
     groups = [("head", cluster["headGroupSpec"])] + [(g["groupName"], g) for g in cluster["workerGroupSpecs"]]
+    groups.append(("submitter", {"template": rayjob["spec"]["submitterPodTemplate"]}))
     return [{"apiVersion": "v1", "kind": "Pod",
              "metadata": {**group["template"].get("metadata", {}), "name": f"{rayjob['metadata']['name']}-{name}",
                           "namespace": rayjob["metadata"].get("namespace", "default")},

@@ -297,7 +297,7 @@ def test_a_local_tag_is_refused_in_one_line_naming_images_push(tmp_path):
 @pytest.mark.parametrize("nodes", ["1", "2"])
 def test_a_network_policy_admits_only_the_runs_own_pods(nodes):
     _, objects = render("--gpus", "8", "--nodes", nodes)
-    [policy] = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    policy, *submitter = [o for o in objects if o["kind"] == "NetworkPolicy"]
     validate(policy)
     selector = policy["spec"]["podSelector"]["matchLabels"]
     workload = objects[-1]
@@ -312,6 +312,32 @@ def test_a_network_policy_admits_only_the_runs_own_pods(nodes):
         own, submission = policy["spec"]["ingress"]
         assert own == {"from": [{"podSelector": {"matchLabels": selector}}]}
         assert sorted(p["port"] for p in submission["ports"]) == [8265, 52365]  # KubeRay's job submission
+        [submitter] = submitter  # KubeRay's submitter pod: nothing reaches it, and it is not one of the run's pods
+        validate(submitter)
+        labels = workload["spec"]["submitterPodTemplate"]["metadata"]["labels"]
+        assert submitter["spec"] == {"podSelector": {"matchLabels": labels}, "policyTypes": ["Ingress"], "ingress": []}
+        assert not selector.items() <= labels.items()
+
+
+def test_kuberays_submitter_pod_is_hardened_as_the_trainers_and_is_not_taken_for_it():
+    """KubeRay's default submitter pod has no securityContext and mounts the service account token; ours runs
+    the head's image non-root, read-only, without a token, a GPU, claims or secrets, and KubeRay still writes its
+    `ray job submit` command into it (it does when the first container has none)."""
+    _, objects = render("--gpus", "8", "--nodes", "2")
+    rayjob = objects[-1]
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    template = rayjob["spec"]["submitterPodTemplate"]
+    pod = template["spec"]
+    (main,) = pod["containers"]
+    assert "command" not in main and "args" not in main
+    assert main["image"] == head["containers"][0]["image"] and main["imagePullPolicy"] == "Always"
+    assert main["securityContext"] == head["containers"][0]["securityContext"]
+    assert pod["securityContext"] == head["securityContext"] and pod["automountServiceAccountToken"] is False
+    assert pod["restartPolicy"] == "Never"
+    assert main["resources"] == {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"] and main["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert "tolerations" not in pod and "affinity" not in pod
+    assert "verl-deploy.run-id" not in template["metadata"]["labels"]  # status and logs select the run's pods by it
 
 
 def test_the_kubernetes_client_comes_with_the_base_install(tmp_path):

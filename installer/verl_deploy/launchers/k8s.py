@@ -49,6 +49,13 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 DRIVER_MAJOR_LABEL = "nvidia.com/cuda.driver.major"
 # The Ray dashboard (job submission, which KubeRay's submitter and operator use) and its agent.
 RAY_SUBMISSION_PORTS = (8265, 52365)
+# KubeRay's submitter Job runs `ray job submit` in the head's image; KubeRay writes the command and its env into the
+# first container of spec.submitterPodTemplate when it has no command (ray-operator/controllers/ray/
+# rayjob_controller.go, configureSubmitterContainer). Its default pod has no securityContext and mounts the service
+# account token; ours is hardened as the trainer's, with KubeRay's default resources (common/job.go,
+# GetDefaultSubmitterContainer), and a label of its own: status and logs select the run-id label.
+SUBMITTER_LABEL = "verl-deploy.submitter-of"
+SUBMITTER_RESOURCES = {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 NONROOT_ID = 1000
 # Secret files are root-owned in the volume; with the pod's fsGroup the kubelet gives them that group and g+r anyway
 # (0400 would become 0440): say so, so the manifest shows what the pod's uid 1000 (group 1000) really gets.
@@ -328,6 +335,7 @@ def ray_job(spec: JobSpec) -> dict:
             "entrypoint": shlex.join(spec.command.shell),
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
+            "submitterPodTemplate": submitter_template(spec),
             "rayClusterSpec": {
                 "headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0"}, "template": template("ray-head")},
                 "workerGroupSpecs": [
@@ -343,6 +351,19 @@ def ray_job(spec: JobSpec) -> dict:
             },
         },
     }
+
+
+def submitter_template(spec: JobSpec) -> dict:
+    """The pod template of KubeRay's submitter Job: the image and hardening of the trainer's pod, /tmp its only
+    writable place, no GPU, no claims and no secrets (it only talks to the head's dashboard)."""
+    main = container(spec, "ray-job-submitter")
+    main["resources"] = {kind: dict(values) for kind, values in SUBMITTER_RESOURCES.items()}
+    main["volumeMounts"] = [mount for mount in main["volumeMounts"] if mount["name"] == "tmp"]
+    pod = pod_spec(spec, main, "Never", fetch=False)
+    pod["volumes"] = [volume for volume in pod["volumes"] if volume["name"] == "tmp"]
+    for gpu_only in ("tolerations", "affinity"):
+        pod.pop(gpu_only, None)
+    return {"metadata": {"labels": {SUBMITTER_LABEL: spec.run_id}}, "spec": pod}
 
 
 def network_policy(spec: JobSpec) -> dict:
@@ -362,10 +383,25 @@ def network_policy(spec: JobSpec) -> dict:
     }
 
 
+def submitter_policy(spec: JobSpec) -> dict:
+    """No ingress at all to a RayJob's submitter pod: it only calls the head's dashboard."""
+    own = {"podSelector": {"matchLabels": {SUBMITTER_LABEL: spec.run_id}}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(spec, f"{spec.run_id}-submitter-ingress"),
+        "spec": {**own, "policyTypes": ["Ingress"], "ingress": []},
+    }
+
+
+def network_policies(spec: JobSpec) -> list[dict]:
+    return [network_policy(spec)] + ([submitter_policy(spec)] if spec.nodes > 1 else [])
+
+
 def manifests(spec: JobSpec) -> list[dict]:
     workload = ray_job(spec) if spec.nodes > 1 else job(spec)
     config = None if spec.upstream else config_map(spec)  # upstream verl's config is its command line
-    objects = (config, network_policy(spec), run_volume(spec), data_volume(spec), cache_volume(spec), workload)
+    objects = (config, *network_policies(spec), run_volume(spec), data_volume(spec), cache_volume(spec), workload)
     return [obj for obj in objects if obj]
 
 

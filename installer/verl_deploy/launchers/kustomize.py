@@ -14,7 +14,7 @@ from verl_deploy.launchers import default_image
 from verl_deploy.launchers.jobspec import SECRET_ENV, SECRETS_DIR, JobSpec
 from verl_deploy.launchers.runplan import RunRequest, plan_run
 from verl_deploy.launchers.k8s import (
-    SECRET_NAME, cache_volume, config_map, create_secret_command, job, network_policy, ray_job, run_volume, to_yaml,
+    SECRET_NAME, cache_volume, config_map, create_secret_command, job, network_policies, ray_job, run_volume, to_yaml,
 )
 
 RUN_ID = "verl-train"
@@ -82,7 +82,7 @@ def files(config: Path = BASE_CONFIG) -> dict[str, str]:
             "bases": ["../../base"],
             "resources": ["networkpolicy.yaml", "pvc.yaml", "cache-pvc.yaml", workload_file],
         })
-        tree[f"overlays/{overlay}/networkpolicy.yaml"] = _dump(network_policy(spec))
+        tree[f"overlays/{overlay}/networkpolicy.yaml"] = HEADER + to_yaml(network_policies(spec))
         tree[f"overlays/{overlay}/pvc.yaml"] = _dump(run_volume(spec))
         tree[f"overlays/{overlay}/cache-pvc.yaml"] = _dump(cache_volume(spec))
         tree[f"overlays/{overlay}/{workload_file}"] = _dump(workload, IMAGE_NOTE + SECRET_NOTE)
