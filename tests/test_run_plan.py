@@ -7,7 +7,9 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from verl_deploy import sizes
+import yaml
+
+from verl_deploy import runs, sizes
 from verl_deploy.cli import app
 from verl_deploy.launchers import TARGETS, jobspec
 from verl_deploy.launchers.runplan import RunRequest, plan_run
@@ -88,3 +90,58 @@ def test_the_runtime_has_one_rule_for_its_world_size():
         world_size(trainer(n_workers=3, n_gpus_per_node=4))
     with pytest.raises(ConfigError, match="trainer.nnodes needs trainer.n_gpus_per_node"):
         world_size(trainer(nnodes=2))
+
+
+def launched(plan) -> None:
+    """launch.json as a launcher writes it (k8s.py, local.py, slurm.py: the spec's record and the target)."""
+    runs.write_record(plan.spec.run_dir, {**plan.spec.record(), "target": plan.target})
+
+
+def test_a_resume_starts_the_run_again_with_the_flags_it_was_launched_with(tmp_path):
+    """Its namespace (elsewhere a resume would start a new run in `default`), resources, scheduling and settings."""
+    first = plan_run(RunRequest(args=(str(QUICKSTART),), target="k8s", image="reg/verl:1", run_id="r1",
+                                namespace="team-a", cpus="8", memory="64g", shm_size="4g", env=("LOG_LEVEL=debug",),
+                                node_selector=("pool=a100",), priority_class="high", grace_period=300,
+                                hf_cache="team-cache", image_pull_secrets=("regcred",)), tmp_path, environ={})
+    launched(first)
+    again = plan_run(RunRequest(resume="r1"), tmp_path, environ={})
+    assert again.resume_changes == () and again.target == "k8s"
+    for field in ("namespace", "cpus", "memory", "shm_size", "env", "cluster", "cache_claim", "image"):
+        assert getattr(again.spec, field) == getattr(first.spec, field), field
+    assert again.spec.namespace == "team-a" and again.spec.cluster.grace_period_s == 300
+
+    bigger = plan_run(RunRequest(resume="r1", memory="128g"), tmp_path, environ={})
+    assert bigger.resume_changes == ("--memory: 64g -> 128g",)
+    assert bigger.spec.memory == sizes.parse_memory("128g") and bigger.spec.namespace == "team-a"
+    launched(bigger)  # what the resumed launch records is what the next resume starts from
+    assert plan_run(RunRequest(resume="r1"), tmp_path, environ={}).spec.memory == bigger.spec.memory
+
+
+def test_a_resume_finds_the_host_folders_it_was_given_from_another_directory(tmp_path, monkeypatch):
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    launched(plan_run(RunRequest(args=(str(QUICKSTART),), target="local", run_id="r2", data="data"), tmp_path / "runs",
+                      environ={}))
+    monkeypatch.chdir(REPO)
+    again = plan_run(RunRequest(resume="r2"), tmp_path / "runs", environ={})
+    assert again.spec.data_dir == tmp_path / "data" and again.resume_changes == ()
+
+
+def test_a_run_recorded_before_flags_were_kept_resumes_in_its_namespace(tmp_path):
+    first = plan_run(RunRequest(args=(str(QUICKSTART),), target="k8s", image="reg/verl:1", run_id="old",
+                                namespace="team-b"), tmp_path, environ={})
+    record = {**first.spec.record(), "target": "k8s"}
+    del record["flags"]
+    runs.write_record(first.spec.run_dir, record)
+    assert plan_run(RunRequest(resume="old"), tmp_path, environ={}).spec.namespace == "team-b"
+
+
+def test_run_resume_dry_run_prints_the_recorded_namespace_and_the_changes_it_makes(tmp_path):
+    launched(plan_run(RunRequest(args=(str(QUICKSTART),), target="k8s", image="registry.local/verl:1", run_id="r3",
+                                 namespace="team-a", cpus="8"), tmp_path, environ={}))
+    result = CliRunner().invoke(app, ["run", "--resume", "r3", "--cpus", "16", "--dry-run", "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "resume r3: --cpus: 8 -> 16" in result.stderr
+    workload = [doc for doc in yaml.safe_load_all(result.stdout) if doc][-1]
+    assert workload["metadata"]["namespace"] == "team-a"
+    assert workload["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "16"

@@ -163,6 +163,7 @@ class JobSpec:
     user: str = "1000:1000"
     cluster: ClusterOptions = ClusterOptions()
     command: Command = Command()  # build_spec's (command_of); empty for a Job that does not train (an export)
+    launch_flags: dict = field(default_factory=dict)  # the flags `--resume` restores, as given (runplan.RESUMED_FLAGS)
 
     def record(self) -> dict:
         """What launch.json keeps of the spec, so that `--resume` starts the run again as it was (secrets by
@@ -173,6 +174,7 @@ class JobSpec:
             "gpus": str(self.gpus) if self.gpus.wanted else None, "nodes": self.nodes, "image": self.image,
             "variant": self.variant, "namespace": self.namespace, "secrets": list(self.secrets),
             "owner": f"{os.getuid()}:{os.getgid()}", "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "flags": dict(self.launch_flags),
         }
 
     @property

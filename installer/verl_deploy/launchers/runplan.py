@@ -42,7 +42,7 @@ class RunRequest:
     hf_cache: str | None = None
     data_size: str | None = None
     storage_class: str | None = None
-    namespace: str = "default"
+    namespace: str | None = None  # None: "default", or on --resume the run's
     node_selector: tuple[str, ...] = ()
     gpu_type: str | None = None
     priority_class: str | None = None
@@ -70,6 +70,38 @@ class RunPlan:
     build_image: bool
     slurm: object | None = None  # launchers.slurm.SlurmOptions for a slurm run
     resume_changes: tuple[str, ...] = ()  # what --resume changed of the recorded launch, one line each
+
+
+# The launch flags a run keeps in launch.json ("flags", as given) so that `run --resume` starts it again as it
+# was: its resources, volumes, namespace and scheduling. One given now replaces the recorded one, and is shown.
+RESUMED_FLAGS = ("variant", "env", "cpus", "memory", "shm_size", "ipc_host", "data", "hf_cache", "data_size",
+                 "storage_class", "namespace", "node_selector", "gpu_type", "priority_class", "service_account",
+                 "image_pull_secrets", "image_preloaded", "grace_period")
+_FLAG_NAMES = {"image_pull_secrets": "--image-pull-secret"}  # the CLI's singular, repeatable option
+
+
+def given_flags(request: RunRequest) -> dict:
+    """The RESUMED_FLAGS that request gives (not None, empty or False), as launch.json keeps them."""
+    given = {}
+    for name in RESUMED_FLAGS:
+        value = getattr(request, name)
+        if value not in (None, (), False):
+            given[name] = list(value) if isinstance(value, tuple) else value
+    return given
+
+
+def resumed_request(request: RunRequest, record: dict) -> tuple[RunRequest, list[str]]:
+    """request with the recorded launch flags it does not give; what it changes of them, one line each. A record
+    written before flags were kept names its namespace only."""
+    recorded = dict(record.get("flags") or {})
+    if "flags" not in record and record.get("namespace") not in (None, "default"):
+        recorded["namespace"] = record["namespace"]
+    given = given_flags(request)
+    changes = [f"{_FLAG_NAMES.get(name, '--' + name.replace('_', '-'))}: {recorded.get(name)} -> {value}"
+               for name, value in given.items() if recorded.get(name) != value]
+    restored = {name: tuple(value) if isinstance(value, list) else value
+                for name, value in recorded.items() if name in RESUMED_FLAGS and name not in given}
+    return dataclasses.replace(request, **restored), changes
 
 
 def check_runtime(name: str | None) -> str:
@@ -101,9 +133,11 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
     from verl_deploy.launchers import CLUSTER_TARGETS, default_image
 
     environ = os.environ if environ is None else environ
-    runtime, resume = request.runtime, request.resume
-    if resume and runtime is None:
-        runtime = runs.read_record(runs_root / resume).get("runtime")
+    runtime, resume, flag_changes = request.runtime, request.resume, []
+    if resume:
+        record = runs.read_record(runs_root / resume)
+        request, flag_changes = resumed_request(request, record)
+        runtime = runtime or record.get("runtime")
     runtime = check_runtime(runtime)
     config, overrides = config_and_overrides(request.args, request.settings, runtime)
     target, gpus, nodes, image, changes = request.target, request.gpus, request.nodes, request.image, []
@@ -111,7 +145,8 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
         again = runs.plan_resume(runs_root, resume, config=config, target=target, overrides=overrides, gpus=gpus,
                                  nodes=nodes, image=image, needs_config=runtime == compat.DEFAULT_RUNTIME)
         config, target, overrides, gpus, nodes, image, changes = (
-            again.config, again.target, again.overrides, again.gpus, again.nodes, again.image, again.changes)
+            again.config, again.target, again.overrides, again.gpus, again.nodes, again.image,
+            again.changes + flag_changes)
     elif config is None and not overrides:
         raise ValueError("which config? `verl-deploy run CONFIG` (e.g. examples/quickstart.yaml), "
                          "`verl-deploy run -- KEY=VALUE ...` (verl's overrides on our defaults), or --resume RUN")
@@ -138,7 +173,7 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
         config, image=image or "", runs_root=runs_root, run_id=resume or request.run_id, overrides=tuple(overrides),
         gpus=asked_gpus, cpus=request.cpus, memory=request.memory, shm_size=request.shm_size,
         ipc_host=request.ipc_host, nodes=nodes, **volumes, storage_class=request.storage_class, env=extra_env,
-        namespace=request.namespace, runtime=runtime, cluster=cluster, environ=environ,
+        namespace=request.namespace or "default", runtime=runtime, cluster=cluster, environ=environ,
     )
     try:  # the one choice, so a dry run names the image the run starts
         variant = compat.variant_for(request.variant or "auto", wants_gpus=spec.gpus.wanted,
@@ -148,7 +183,11 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
             raise LaunchError(f"{exc}: name one with --variant, or give --image") from None
         variant = None  # --image names what runs: no variant of the catalog has to run here
     build_image = image is None and target == "docker" and not request.dry_run
-    spec = dataclasses.replace(spec, image=image or default_image(variant, runtime), variant=variant)
+    flags = given_flags(request)
+    if target != "k8s":  # host folders: kept absolute, so a resume from another directory finds them
+        flags.update({name: str(Path(flags[name]).expanduser().resolve()) for name in ("data", "hf_cache") if name in flags})
+    spec = dataclasses.replace(spec, image=image or default_image(variant, runtime), variant=variant,
+                               launch_flags=flags)
     check_paths(spec, target)  # data, reward and model files, before an image is built or anything started
     slurm = None
     if target == "slurm":
