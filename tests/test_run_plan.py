@@ -79,6 +79,14 @@ def trainer(n_workers=None, n_gpus_per_node=None, nnodes=None):
     return SimpleNamespace(n_workers=n_workers, n_gpus_per_node=n_gpus_per_node, nnodes=nnodes)
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_unknown_variant_is_one_line_on_every_target_before_anything_is_read(target, tmp_path):
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "missing.yaml"), "--target", target, "--variant", "cu999",
+                                      "--dry-run", "--runs-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert result.output == "error: --variant: unknown variant 'cu999': choose one of cpu, cu128, cu130 or auto\n"
+
+
 def test_the_runtime_has_one_rule_for_its_world_size():
     assert world_size(trainer(n_gpus_per_node=4, nnodes=2)) == 8
     assert world_size(trainer(n_workers=3)) == 3

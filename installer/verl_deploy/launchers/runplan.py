@@ -114,6 +114,17 @@ def check_runtime(name: str | None) -> str:
         raise LaunchError(str(exc)) from None
 
 
+def check_variant(name: str | None, runtime: str) -> None:
+    """--variant checked against the runtime's catalog (auto or None: chosen later, by compat.variant_for)."""
+    from verl_deploy.images.context import ImageError, variant
+
+    if name and name != "auto":
+        try:
+            variant(name, runtime)
+        except ImageError as exc:
+            raise LaunchError(f"--variant: {exc}") from None
+
+
 def config_and_overrides(args, settings, runtime: str = compat.DEFAULT_RUNTIME) -> tuple[Path | None, list[str]]:
     """`run`'s and `plan`'s arguments: an optional CONFIG file first, then KEY=VALUE overrides (verl's: +key=value
     too), which come after the --set ones; LaunchError for one that is not KEY=VALUE. Upstream verl's are kept as
@@ -139,6 +150,7 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
         request, flag_changes = resumed_request(request, record)
         runtime = runtime or record.get("runtime")
     runtime = check_runtime(runtime)
+    check_variant(request.variant, runtime)
     config, overrides = config_and_overrides(request.args, request.settings, runtime)
     target, gpus, nodes, image, changes = request.target, request.gpus, request.nodes, request.image, []
     if resume:
