@@ -62,7 +62,7 @@ def test_latest_ignores_what_a_crashed_save_left_behind(tmp_path):
 def test_keep_last_prunes_oldest_by_step_number(tmp_path):
     for step in (1, 2, 9, 10, 11):
         save_checkpoint(tmp_path, step, _state(step), keep_last=3)
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_10", "step_11", "step_9"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()) == ["step_10", "step_11", "step_9"]
     assert latest_checkpoint(tmp_path).name == "step_11"
 
 
@@ -70,7 +70,7 @@ def test_saving_a_step_again_replaces_it(tmp_path):
     save_checkpoint(tmp_path, 4, {"value": 1}, keep_last=1)
     save_checkpoint(tmp_path, 4, {"value": 2}, keep_last=1)
     assert load_checkpoint(latest_checkpoint(tmp_path)) == {"value": 2}
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_4"]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()] == ["step_4"]
 
 
 def test_rng_state_round_trips_through_a_checkpoint(tmp_path):
@@ -146,5 +146,41 @@ def test_pruning_counts_only_complete_checkpoints(tmp_path):
         os.truncate(root / f"step_{step}" / "state.pt", 10)
 
     save_checkpoint(tmp_path, 4, _state(4), keep_last=2)
-    assert sorted(p.name for p in root.iterdir()) == ["step_3", "step_4", "step_7", "step_8"]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["step_3", "step_4", "step_7", "step_8"]
     assert [step for step, _ in rundir.valid_checkpoints(tmp_path)] == [3, 4]
+
+
+def flip_a_byte(path) -> None:
+    """Bit rot, or a write that kept the size: only the checksum sees it."""
+    with open(path, "r+b") as handle:
+        handle.seek(100)
+        byte = handle.read(1)
+        handle.seek(100)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_corrupt_checkpoint_of_the_right_size_does_not_push_the_good_ones_out(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, _state(step), keep_last=2)
+    flip_a_byte(root / "step_2" / "state.pt")
+
+    save_checkpoint(tmp_path, 3, _state(3), keep_last=2)
+
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["step_1", "step_3"]  # the corrupt step_2 went
+    assert [step for step, _ in rundir.valid_checkpoints(tmp_path, deep=True)] == [1, 3]
+    assert load_newest(tmp_path)[0].name == "step_3"
+
+
+def test_a_save_notes_its_own_checksums_so_pruning_reads_no_checkpoint_again(tmp_path, monkeypatch):
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, _state(step), keep_last=2)
+    hashed = []
+    real = rundir._sha256
+    monkeypatch.setattr(rundir, "_sha256", lambda path: hashed.append(path.parent.name) or real(path))
+
+    save_checkpoint(tmp_path, 3, _state(3), keep_last=2)
+
+    # write_manifest's hash of the bytes it wrote, in the save's temp dir: nothing is read back to prune
+    assert len(hashed) == 1 and hashed[0].startswith(".tmp-step_3-")
+    assert [problem for _, _, problem in rundir.checked_checkpoints(tmp_path)] == [None, None] and len(hashed) == 1

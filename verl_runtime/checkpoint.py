@@ -48,6 +48,7 @@ def save_checkpoint(run_dir, step: int, state: dict, keep_last: int) -> Path:
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(root)
+            rundir.note_verified(final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     except (OSError, RuntimeError) as exc:
@@ -130,9 +131,11 @@ def _complete_checkpoints(run_dir, deep: bool = False) -> list[tuple[int, Path]]
 
 
 def _prune(run_dir, keep_last: int) -> None:
-    """Keep the newest keep_last complete checkpoints (0: all). Only complete ones count, so damaged newer ones never
-    push the last good ones out; damaged ones older than the newest good one go, as do interrupted saves' temp dirs."""
-    valid = _complete_checkpoints(run_dir)
+    """Keep the newest keep_last usable checkpoints (0: all), usable as a resume judges them: sizes and checksums
+    (rundir.checked_checkpoints, which hashes only what it has not verified before; a save notes its own). So damaged
+    ones, truncated or of the right size, never push the last good ones out; damaged ones older than the newest good
+    one go, as do interrupted saves' temp dirs."""
+    valid = [(step, path) for step, path, problem in rundir.checked_checkpoints(run_dir) if problem is None]
     if keep_last > 0:
         for _, path in valid[:-keep_last]:
             shutil.rmtree(path, ignore_errors=True)

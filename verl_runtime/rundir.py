@@ -193,11 +193,7 @@ def checked_checkpoints(run_dir) -> list[tuple[int, Path, str | None]]:
     its ctime, which no one can set back (unlike mtime), so a changed file is always hashed again. Best effort: a
     run directory this user cannot write is hashed every time."""
     cache_path = Path(run_dir) / CHECKPOINTS_DIR / VERIFIED_FILE
-    try:
-        cache = json.loads(cache_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        cache = {}
-    cache = cache if isinstance(cache, dict) else {}
+    cache = _read_cache(cache_path)
     found, verified = [], {}
     for step, path in checkpoint_dirs(run_dir):
         known = cache.get(path.name)
@@ -209,6 +205,27 @@ def checked_checkpoints(run_dir) -> list[tuple[int, Path, str | None]]:
     if verified != cache:
         _write_quietly(cache_path, verified)
     return found
+
+
+def note_verified(directory) -> None:
+    """Add a checkpoint just saved to checked_checkpoints' cache: write_manifest hashed the very bytes the save wrote,
+    so they need not be read again (best effort, as the cache)."""
+    directory = Path(directory)
+    try:
+        files = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))["files"]
+        entry = {name: _fingerprint(directory / name, expected["sha256"]) for name, expected in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
+    cache_path = directory.parent / VERIFIED_FILE
+    _write_quietly(cache_path, {**_read_cache(cache_path), directory.name: entry})
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        cache = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return cache if isinstance(cache, dict) else {}
 
 
 def checkpoint_dirs(run_dir) -> list[tuple[int, Path]]:
