@@ -237,6 +237,26 @@ def test_a_local_launch_on_a_full_disk_is_one_line_and_leaves_nothing(disk):
     assert [p.name for p in root.iterdir()] == ["filler"]  # no run directory, no .launch.json.*.tmp
 
 
+def test_a_local_run_whose_full_disk_left_it_no_room_to_say_why_is_said_on_the_terminal(disk):
+    from verl_deploy.launchers.local import unsaid_full_disk
+
+    root = disk("4m")
+    run_dir = root / "r1"
+    run_dir.mkdir()
+    log = run_dir / rundir.CONSOLE_LOG
+    log.write_text("[INFO] an earlier start\nerror: an earlier start's error\nstep 1/40 | score 0.1\n")
+    offset = len("[INFO] an earlier start\nerror: an earlier start's error\n")
+    assert unsaid_full_disk(run_dir, log, offset) is None  # room left: whatever stopped it, not the disk
+
+    fill(root)
+    line = unsaid_full_disk(run_dir, log, offset)  # this start's lines hold no error: it had no room for one
+    assert line == (f"error: the disk holding {run_dir} is full (0 bytes free), so the run could not write why it "
+                    "stopped: free space there (or move the runs with --runs-dir), then `verl-deploy run --resume r1`")
+    with open(log, "a") as handle:  # the page tmpfs had allocated still took the run's own line
+        handle.write("error: checkpoint step_2: no space left on device\n")
+    assert unsaid_full_disk(run_dir, log, offset) is None  # said once, by the run
+
+
 def test_a_launch_record_on_a_full_disk_keeps_the_old_one_and_no_temp_file(disk):
     from verl_deploy import runs
 

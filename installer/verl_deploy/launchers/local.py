@@ -92,7 +92,10 @@ class LocalLauncher:
             raise _abandon(spec.run_dir, fresh, exc) from None
         if detach:
             return 0
-        return _follow(supervisor, log_path, offset)
+        code = _follow(supervisor, log_path, offset)
+        if code and (why := unsaid_full_disk(spec.run_dir, log_path, offset)):
+            _say(why)
+        return code
 
     def _run_dir(self, run_id: str) -> Path:
         run_dir = self.runs_root / run_id
@@ -156,6 +159,29 @@ def _abandon(run_dir: Path, fresh: bool, exc: OSError) -> LaunchError:
 
         shutil.rmtree(run_dir, ignore_errors=True)
     return launch_fault(exc, run_dir)
+
+
+# Less free space than this on a failed run's disk, and no error line from the run: its disk filled up.
+FULL_BELOW = 1 << 20
+
+
+def unsaid_full_disk(run_dir: Path, log_path: Path, offset: int = 0) -> str | None:
+    """A run that filled its disk may have had no room left for its own error line (its console log is on that
+    disk): then the one line is said here, on the terminal. None when the run said why, or the disk has room."""
+    import shutil
+
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(offset, log.seek(0, os.SEEK_END) - 65536))
+            said = any(line.startswith(b"error: ") for line in log.read().splitlines())
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        return None
+    if said or free >= FULL_BELOW:
+        return None
+    return (f"error: the disk holding {run_dir} is full ({free} bytes free), so the run could not write why it "
+            f"stopped: free space there (or move the runs with --runs-dir), then `verl-deploy run --resume "
+            f"{run_dir.name}`")
 
 
 def _follow(supervisor: subprocess.Popen, log_path: Path, offset: int = 0) -> int:
