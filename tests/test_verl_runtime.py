@@ -242,7 +242,7 @@ def test_k8s_dry_run_renders_a_job_or_ray_job_running_main_ppo_that_validates(tm
     (["--target", "local", "--gpus", "1", "--", "trainer.total_epochs=1"], "--runtime verl runs in its image"),
     (["--", "trainer.total_epochs=1"], "upstream verl trains on GPUs and needs their count per node: pass --gpus N"),
     (["--gpus", "1", "--", "a=1", "trainer.total_epochs"], "override 'trainer.total_epochs' is not one verl takes"),
-    (["--gpus", "1", "--variant", "cpu", "--", "a=1"], "unknown variant 'cpu' of runtime verl"),
+    (["--gpus", "1", "--variant", "cpu", "--", "a=1"], "--variant: unknown variant 'cpu' of runtime verl"),
 ])
 def test_mistakes_are_one_line_and_start_nothing(tmp_path, args, message):
     result = run("--runtime", "verl", "--runs-dir", str(tmp_path), *args)
