@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from verl_deploy.host_facts import HostFacts
-from verl_deploy.watchdog import call_with_timeout  # noqa: F401 (the checks take it from here)
 
 Status = Literal["ok", "warn", "fail", "skip"]
 STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "skip")

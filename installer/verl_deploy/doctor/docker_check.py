@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from verl_deploy.doctor.core import Context, Finding, call_with_timeout, describe_error, root_cause
+from verl_deploy.doctor.core import Context, Finding, describe_error, root_cause
+from verl_deploy.watchdog import call_with_timeout
 
 AREA = "docker"
 DEFAULT_SOCKET = "/var/run/docker.sock"

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from verl_deploy import compat
-from verl_deploy.doctor.core import Context, Finding, call_with_timeout, describe_error
+from verl_deploy.doctor.core import Context, Finding, describe_error
+from verl_deploy.watchdog import call_with_timeout
 
 AREA = "kubernetes"
 GPU_RESOURCE = "nvidia.com/gpu"
