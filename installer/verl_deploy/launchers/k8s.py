@@ -366,32 +366,33 @@ def submitter_template(spec: JobSpec) -> dict:
     return {"metadata": {"labels": {SUBMITTER_LABEL: spec.run_id}}, "spec": pod}
 
 
-def network_policy(spec: JobSpec) -> dict:
-    """Ingress to the run's pods from the run's own pods only (a Ray cluster's head and workers talk to each other on
-    many ports); with several nodes also the Ray dashboard ports, through which KubeRay's operator and submitter
-    submit and follow the job. A one-pod Job needs none. Egress stays open: models, data and trackers are outside."""
-    own = {"podSelector": {"matchLabels": {RUN_ID_LABEL: spec.run_id}}}
-    ingress = []
-    if spec.nodes > 1:
-        ports = [{"protocol": "TCP", "port": port} for port in RAY_SUBMISSION_PORTS]
-        ingress = [{"from": [own]}, {"from": [{"namespaceSelector": {}}], "ports": ports}]
+def ingress_policy(metadata: dict, selects: dict, ingress: list | None = None) -> dict:
+    """A NetworkPolicy on the pods whose labels match `selects`: ingress only as `ingress` allows (none by
+    default); egress stays open (models, data and trackers are outside)."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _metadata(spec, f"{spec.run_id}-ingress"),
-        "spec": {**own, "policyTypes": ["Ingress"], "ingress": ingress},
+        "metadata": metadata,
+        "spec": {"podSelector": {"matchLabels": selects}, "policyTypes": ["Ingress"], "ingress": ingress or []},
     }
+
+
+def network_policy(spec: JobSpec) -> dict:
+    """Ingress to the run's pods from the run's own pods only (a Ray cluster's head and workers talk to each other on
+    many ports); with several nodes also the Ray dashboard ports, through which KubeRay's operator and submitter
+    submit and follow the job. A one-pod Job needs none."""
+    own = {RUN_ID_LABEL: spec.run_id}
+    ingress = []
+    if spec.nodes > 1:
+        ports = [{"protocol": "TCP", "port": port} for port in RAY_SUBMISSION_PORTS]
+        ingress = [{"from": [{"podSelector": {"matchLabels": own}}]},
+                   {"from": [{"namespaceSelector": {}}], "ports": ports}]
+    return ingress_policy(_metadata(spec, f"{spec.run_id}-ingress"), own, ingress)
 
 
 def submitter_policy(spec: JobSpec) -> dict:
     """No ingress at all to a RayJob's submitter pod: it only calls the head's dashboard."""
-    own = {"podSelector": {"matchLabels": {SUBMITTER_LABEL: spec.run_id}}}
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _metadata(spec, f"{spec.run_id}-submitter-ingress"),
-        "spec": {**own, "policyTypes": ["Ingress"], "ingress": []},
-    }
+    return ingress_policy(_metadata(spec, f"{spec.run_id}-submitter-ingress"), {SUBMITTER_LABEL: spec.run_id})
 
 
 def network_policies(spec: JobSpec) -> list[dict]:

@@ -48,10 +48,8 @@ class ClusterExport:
     @property
     def objects(self) -> list[dict]:
         """The Job and a NetworkPolicy that admits no ingress to its pod (the Job owns it once made)."""
-        labels = self.job["metadata"]["labels"]
-        policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-                  "metadata": {**self.job["metadata"], "name": f"{self.name}-ingress"},
-                  "spec": {"podSelector": {"matchLabels": dict(labels)}, "policyTypes": ["Ingress"], "ingress": []}}
+        policy = k8s.ingress_policy({**self.job["metadata"], "name": f"{self.name}-ingress"},
+                                    dict(self.job["metadata"]["labels"]))
         return [policy, self.job]
 
     @property

@@ -10,7 +10,6 @@ from verl_deploy.plan.errors import PlanError
 from verl_deploy.sizes import GiB, SizeError, parse_size
 
 
-
 @dataclass(frozen=True)
 class Device:
     kind: str  # cuda | cpu
