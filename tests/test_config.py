@@ -65,11 +65,11 @@ def test_yaml_then_overrides(tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("data.batchsize=4", "unknown config key 'data.batchsize' in --set; did you mean 'data.batch_size'?"),
+        ("data.batchsize=4", "unknown config key 'data.batchsize' on the command line; did you mean 'data.batch_size'?"),
         ("actr.lr=1", "did you mean 'actor.lr'?"),
         ("data.batch_size=many", "data.batch_size: expected an integer, got 'many'"),
         ("algorithm.adv_estimator=gpro", "did you mean 'grpo'?"),
-        ("novalue", "--set expects key=value"),
+        ("novalue", "override 'novalue' needs the form key=value"),
     ],
 )
 def test_bad_overrides_are_one_line(override, message):
@@ -88,12 +88,12 @@ def test_unknown_key_in_yaml_names_the_file(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["data.batch_size=6", "actor.ppo_mini_batch_size=4"],
-         "data.batch_size (6) must be a multiple of actor.ppo_mini_batch_size (4)"),
-        (["algorithm.adv_estimator=grpo", "rollout.n=3", "data.batch_size=4", "actor.ppo_micro_batch_size_per_gpu=8"],
-         "actor.ppo_mini_batch_size * rollout.n (4 * 3 = 12 samples) must be a multiple of actor.ppo_micro_batch_size_per_gpu (8)"),
+        (["data.batch_size=2", "actor.ppo_mini_batch_size=4"],
+         "data.batch_size (2) must be >= actor.ppo_mini_batch_size (4), as in verl"),
+        (["data.batch_size=3", "rollout.n=1", "trainer.n_workers=2"],
+         "data.batch_size * rollout.n (3 * 1 = 3 samples) must be divisible by trainer.n_workers (2), as in verl"),
         (["algorithm.adv_estimator=rloo", "rollout.n=1"], "set rollout.n to 2 or more"),
-        (["data.batch_size=0"], "data.batch_size=0 in --set is out of range: it must be >= 1"),
+        (["data.batch_size=0"], "data.batch_size=0 on the command line is out of range: it must be >= 1"),
     ],
 )
 def test_sizes_that_do_not_divide_are_named(overrides, message):

@@ -93,7 +93,7 @@ def test_a_negative_temperature_is_one_line_and_exit_2_from_the_real_entrypoint(
          "--set", f"trainer.run_dir={run_dir}"], capture_output=True, text=True, cwd=tmp_path, timeout=60,
     )
     assert result.returncode == 2
-    assert one_error_line(result.stderr) == ("error: rollout.temperature=-1 in --set is out of range: it must be >= 0 "
+    assert one_error_line(result.stderr) == ("error: rollout.temperature=-1 on the command line is out of range: it must be >= 0 "
                                              "(0 means greedy sampling)")
     assert result.stdout == "" and not run_dir.exists()
 
@@ -165,7 +165,7 @@ def test_verl_deploy_run_reads_verl_overrides_the_same_way(tmp_path):
     result = invoke("run", QUICKSTART, "--target", "local", "--runs-dir", tmp_path / "runs", "--",
                     "actor_rollout_ref.rollout.top_p=2.0")
     assert result.exit_code == 2
-    assert one_error_line(result.output) == ("error: actor_rollout_ref.rollout.top_p=2 in --set is out of range: it "
+    assert one_error_line(result.output) == ("error: actor_rollout_ref.rollout.top_p=2 on the command line is out of range: it "
                                              "must be in (0, 1] (1 keeps every token)")
     assert not (tmp_path / "runs").exists()
 

@@ -163,7 +163,7 @@ def test_verls_dapo_keys_are_ours():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["reward_model.reward_manager=prime"], "reward_model.reward_manager='prime' in --set is refused: PRIME's reward manager is not here"),
+    (["reward_model.reward_manager=prime"], "reward_model.reward_manager='prime' on the command line is refused: PRIME's reward manager is not here"),
     (["reward.reward_manager.name=gdpo"], "GDPO's"),
     (["reward.manager=mine"], "reward.manager: unknown value 'mine'"),
     (["+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True"], "needs reward.manager=dapo"),

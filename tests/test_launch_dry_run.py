@@ -178,7 +178,7 @@ def test_several_nodes_are_a_ray_head_and_workers_on_one_network(config, tmp_pat
     "overrides, yaml_text, message",
     [
         (["--set", "trainer.total_steps=2"], "model:\n  path: builtin:tiny\n", "trainer.total_steps"),
-        (["--set", "data.batch_size=-1"], "model:\n  path: builtin:tiny\n", "data.batch_size=-1 in --set is out of range: it must be >= 1"),
+        (["--set", "data.batch_size=-1"], "model:\n  path: builtin:tiny\n", "data.batch_size=-1 on the command line is out of range: it must be >= 1"),
         ([], "model: [unclosed\n", "tiny.yaml"),
     ],
 )

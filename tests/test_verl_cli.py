@@ -159,7 +159,7 @@ def test_keys_without_effect_warn_in_one_line(capsys):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("trainer.critic_warmup=5", "trainer.critic_warmup=5 in --set is refused: the actor is updated from the first step here (accepted: 0)"),
+    ("trainer.critic_warmup=5", "trainer.critic_warmup=5 on the command line is refused: the actor is updated from the first step here (accepted: 0)"),
     ("actor_rollout_ref.actor.optim.optimizer=SGD", "the optimizer is AdamW here"),
     ("trainer.resume_mode=resume_path", "resuming from a given checkpoint is not here"),
     ("critic.model.lora_rank=8", "LoRA on the critic is not here"),
@@ -274,7 +274,7 @@ def test_k8s_dry_run_passes_the_same_overrides(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--gpus", "2", "--", "trainer.n_gpus_per_node=1"], "trainer.n_gpus_per_node=1 but --gpus 2 gives 2 per node"),
     (["--nodes", "2", "--", "trainer.n_gpus_per_node=1", "trainer.nnodes=1"], "trainer.nnodes=1 but --nodes 2"),
-    (["--", "trainer.critic_warmup=1"], "trainer.critic_warmup=1 in --set is refused"),
+    (["--", "trainer.critic_warmup=1"], "trainer.critic_warmup=1 on the command line is refused"),
     (["--", "~trainer.seed"], "dropping a key, ~key, is for python -m verl_runtime.main_ppo"),
 ])
 def test_run_refuses_disagreeing_input_in_one_line(tmp_path, args, message):

@@ -111,6 +111,9 @@ class ActorConfig:
     ppo_epochs: int = 1
     ppo_mini_batch_size: int | None = None  # prompts per optimizer step; None: data.batch_size (one update per step)
     ppo_micro_batch_size_per_gpu: int | None = None  # samples per forward/backward; None: the whole mini-batch
+    # verl's actor_rollout_ref.actor.use_dynamic_bsz: micro-batches by tokens there (by count here, the same numbers);
+    # as in verl, it lifts the batch-size checks (validate)
+    use_dynamic_bsz: bool = False
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
@@ -417,16 +420,26 @@ RANGES = (
 )
 
 
+# Where an override was given, as every message says it: verl's KEY=VALUE (main_ppo, run's `-- KEY=VALUE`) and
+# --set alike reach load_config as overrides; a file's keys are "in FILE".
+COMMAND_LINE = "on the command line"
+
+
+def stated(setting: str, origin: str) -> str:
+    """A setting as a message names it, with where it was given: ``trainer.critic_warmup=5 on the command line``,
+    ``data.batch_size=0 in run.yaml`` (origin: COMMAND_LINE or ``in FILE``; empty: the setting alone)."""
+    return f"{setting} {origin}" if origin else setting
+
+
 def check_ranges(config: Config, spelled: dict[str, str] | None = None) -> None:
     """ConfigError (one line) for the first numeric key out of its range (RANGES). spelled: how the user wrote a
-    key and where ({"rollout.temperature": "actor_rollout_ref.rollout.temperature in --set"}), for the message."""
+    key and where ({"rollout.temperature": "actor_rollout_ref.rollout.temperature on the command line"})."""
     for rule in RANGES:
         value = get_value(config, rule.key)
         if value is not None and not rule.allows(value):
             shown = f"{value:g}" if isinstance(value, float) else value
             name, _, where = (spelled or {}).get(rule.key, rule.key).partition(" ")
-            where = f" {where}" if where else ""
-            raise ConfigError(f"{name}={shown}{where} is out of range: it must be {rule.wording()}")
+            raise ConfigError(f"{stated(f'{name}={shown}', where)} is out of range: it must be {rule.wording()}")
 
 
 def get_value(config: Config, key: str) -> Any:
@@ -446,6 +459,9 @@ _GLOBAL_MICRO = {
     "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
     "critic.ppo_micro_batch_size": "critic.ulysses_sequence_parallel_size",
 }
+
+# verl's key whose value also reaches actor.use_dynamic_bsz (load_config), whatever its rule says of its effect.
+_DYNAMIC_BSZ = "actor_rollout_ref.actor.use_dynamic_bsz"
 
 # verl keys whose value is translated, not only renamed (see _from_verl).
 _TRANSLATED = (
@@ -520,16 +536,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if path is not None:
         for key, value in _flatten(_read_yaml(Path(path))).items():
             values[_canonical(key)] = (value, f"in {path}")
-            spelled[_canonical(key)] = f"{key} in {path}"
+            spelled[_canonical(key)] = stated(key, f"in {path}")
     for item in overrides:
         written, value = parse_override(item)
         key = _canonical(written)
         values.pop(key, None)  # the last one given counts, in its place (~key: none does)
         spelled.pop(key, None)
         if value is not DELETE:
-            values[key] = (value, "in --set")
-            spelled[key] = f"{written} in --set"
+            values[key] = (value, COMMAND_LINE)
+            spelled[key] = stated(written, COMMAND_LINE)
+    dynamic_bsz = values.get(_DYNAMIC_BSZ)
     values = _from_verl(values, warn)
+    if dynamic_bsz is not None and "actor.use_dynamic_bsz" not in values:
+        values["actor.use_dynamic_bsz"] = dynamic_bsz
     estimator = values.get("algorithm.adv_estimator", ("gae", ""))[0]
     config = get_default_config(_PRESET_OF_ESTIMATOR.get(str(estimator), "ppo"))
     for key, (value, origin) in values.items():
@@ -537,6 +556,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     check_ranges(config, spelled)
     _set_world_size(config)
     validate(config)
+    config.spelled = spelled  # not a field (not in config.yaml): oom.py names a fix as the user wrote its key
     return config
 
 
@@ -551,7 +571,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     key = key.strip().lstrip("+")
     if not sep or not key:
-        raise ConfigError(f"--set expects key=value, got {item!r}")
+        raise ConfigError(f"override {item!r} needs the form key=value")
     try:
         value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
@@ -620,27 +640,28 @@ def validate(config: Config) -> None:
     if not config.data.train_files:
         raise ConfigError("data.train_files is empty: name a .parquet or .jsonl file in verl's layout (or toy:letter)")
 
-    batch, mini, n = config.data.batch_size, mini_batch_size(config), config.rollout.n
-    if batch % mini:
-        raise ConfigError(f"data.batch_size ({batch}) must be a multiple of actor.ppo_mini_batch_size ({mini})")
-    micro_sizes = {
-        "actor.ppo_micro_batch_size_per_gpu": config.actor.ppo_micro_batch_size_per_gpu,
-        "critic.ppo_micro_batch_size_per_gpu": config.critic.ppo_micro_batch_size_per_gpu,
-    }
-    for key, micro in micro_sizes.items():
-        if micro and (mini * n) % micro:
-            raise ConfigError(
-                f"actor.ppo_mini_batch_size * rollout.n ({mini} * {n} = {mini * n} samples) must be a multiple of "
-                f"{key} ({micro})"
-            )
-    workers = config.trainer.n_workers  # None: known once the trainer sees its GPUs (resolve_world_size)
-    if workers and (mini * n) % workers:
-        raise ConfigError(
-            f"actor.ppo_mini_batch_size * rollout.n ({mini} * {n} = {mini * n} samples) must be a multiple of "
-            f"trainer.n_workers ({workers}): each worker trains on an equal share"
-        )
-    if config.algorithm.adv_estimator in ("grpo", "rloo") and n < 2:
+    _check_batch_sizes(config)
+    if config.algorithm.adv_estimator in ("grpo", "rloo") and config.rollout.n < 2:
         raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares samples of one prompt: set rollout.n to 2 or more")
+
+
+def _check_batch_sizes(config: Config) -> None:
+    """verl 0.9.1's batch-size checks, none with use_dynamic_bsz: the batch holds at least one mini-batch
+    (verl/workers/config/actor.py:224-229, ActorConfig.validate; a last, smaller mini-batch is trained as verl's
+    split does) and its samples split evenly over the workers (verl/utils/config.py:103-127, validate_config:
+    real_train_batch_size % n_gpus). Always: each worker gets a share of a mini-batch (it trains on
+    mini-batch // workers samples a step, as verl's workers divide it)."""
+    batch, mini, n = config.data.batch_size, mini_batch_size(config), config.rollout.n
+    workers = config.trainer.n_workers  # None: known once the trainer sees its GPUs (resolve_world_size)
+    if not config.actor.use_dynamic_bsz:
+        if batch < mini:
+            raise ConfigError(f"data.batch_size ({batch}) must be >= actor.ppo_mini_batch_size ({mini}), as in verl")
+        if workers and (batch * n) % workers:
+            raise ConfigError(f"data.batch_size * rollout.n ({batch} * {n} = {batch * n} samples) must be divisible "
+                              f"by trainer.n_workers ({workers}), as in verl: each worker trains on an equal share")
+    if workers and mini * n < workers:
+        raise ConfigError(f"actor.ppo_mini_batch_size * rollout.n ({mini} * {n} = {mini * n} samples) must be at "
+                          f"least trainer.n_workers ({workers}): each worker trains on a share of every mini-batch")
 
 
 def _check_overlong_buffer(reward: RewardConfig) -> None:
@@ -735,7 +756,7 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
             value = verl_keys.VALUE_SPELLINGS.get(key, {}).get(value, value)
             refusal = verl_keys.VALUE_REFUSALS.get(key, {}).get(value)
             if refusal:
-                raise ConfigError(f"{key}={value!r} {origin} is refused: {refusal}")
+                raise ConfigError(f"{stated(f'{key}={value!r}', origin)} is refused: {refusal}")
         if rule is None:
             out[key] = (value, origin)
         elif rule.kind == verl_keys.IGNORED:
@@ -745,7 +766,8 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
             if not any(_same_value(value, ok) for ok in rule.accepts):
                 accepted = " or ".join("null" if ok is None else repr(ok) for ok in rule.accepts)
                 unless = f" (accepted: {accepted})" if accepted else ""
-                raise ConfigError(f"{key}={value!r} {origin} is refused: {rule.reason}{unless}")
+                raise ConfigError(f"{stated(f'{key}={value!r}', origin)} is refused: "
+                                  f"{verl_keys.not_here(rule.reason + unless)}")
         elif key == "trainer.logger":
             loggers = [value] if isinstance(value, str) else list(value or [])
             out["trainer.tensorboard"] = ("tensorboard" in loggers, origin)
@@ -782,7 +804,8 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
     if legacy_manager:
         refusal = verl_keys.VALUE_REFUSALS["reward.manager"].get(legacy_manager[0])
         if refusal:
-            raise ConfigError(f"reward_model.reward_manager={legacy_manager[0]!r} {legacy_manager[1]} is refused: {refusal}")
+            raise ConfigError(f"{stated(f'reward_model.reward_manager={legacy_manager[0]!r}', legacy_manager[1])} is "
+                              f"refused: {refusal}")
         out["reward.manager"] = legacy_manager
     return out
 
@@ -792,11 +815,21 @@ def _refuse_out_of_scope(values: dict[str, tuple[Any, str]], ours: set[str]) -> 
     other refusal: such a command line is verl's to run (verl_keys.RUN_WITH_VERL), whatever else it holds."""
     for key, (value, origin) in values.items():
         reason = verl_keys.VALUE_REFUSALS.get(key, {}).get(value) if key in ours and isinstance(value, str) else None
+        if not reason and key in _CHOICES and isinstance(value, str) and value not in _CHOICES[key]:
+            reason = verl_keys.value_way_out(key, value)  # verl 0.9.1's and not ours: out of scope
+        if key not in ours and not verl_keys.is_verl_key(key) and verl_keys.engine_key(key):
+            reason = verl_keys.ENGINE_ONLY
         rule = None if key in ours else verl_keys.rule_for(key)
         if rule is not None and rule.kind == verl_keys.REFUSED and not any(_same_value(value, ok) for ok in rule.accepts):
             reason = rule.reason
         if reason and verl_keys.RUN_WITH_VERL in reason:
-            raise ConfigError(f"{key}={value!r} {origin} is refused: {reason}")
+            raise ConfigError(f"{stated(f'{key}={value!r}', origin)} is refused: {reason}")
+
+
+# Our choice keys whose values verl names too (verl_keys.VALUE_FAMILIES): a value of verl's that is not ours is out
+# of scope, refused before anything else.
+_CHOICES = {"algorithm.adv_estimator": ADV_ESTIMATORS, "reward.manager": REWARD_MANAGERS,
+            "actor.policy_loss.loss_mode": POLICY_LOSSES}
 
 
 def _per_gpu_size(key: str, value: Any, values: dict[str, tuple[Any, str]]) -> int:
@@ -889,8 +922,8 @@ def _field_types(node: Any) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _closest(word: str, choices: typing.Iterable[str]) -> str | None:
-    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+def _closest(word: str, choices: typing.Iterable[str], cutoff: float = 0.5) -> str | None:
+    matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
     return matches[0] if matches else None
 
 
@@ -900,16 +933,24 @@ def _suggest(word: str, choices: typing.Iterable[str]) -> str:
 
 
 def _unknown_key(key: str, origin: str) -> typing.NoReturn:
+    """One line for a key that is neither ours nor verl 0.9.1's: the key verl renamed it to (and in which release),
+    or the key meant (a misspelling) and, for a key of verl's sections, how to run the verl that has it (an older
+    release, or the user's fork: verl_keys.key_way_out)."""
+    unknown = f"unknown config key {stated(repr(key), origin)}"
+    way_out = verl_keys.key_way_out(key)
+    if way_out and way_out[0]:  # renamed: the new name, not the nearest spelling
+        raise ConfigError(f"{unknown}: {way_out[1]}")
     keys = all_keys() + list(ALIASES) + sorted(verl_keys.verl_keys() - set(ALIASES))
-    match = _same_words(key, keys) or _closest(key, keys)
-    if match is None:  # a misspelt name in a known section, e.g. actor.learning_rate
+    # a fork's key reads like no key of ours: only a close spelling is a misspelling then
+    match = _same_words(key, keys) or _closest(key, keys, 0.8 if way_out else 0.5)
+    if match is None and not way_out:  # a misspelt name in a known section, e.g. actor.learning_rate
         section, _, name = key.rpartition(".")
         names = {k.rpartition(".")[2]: k for k in keys if k.startswith(section + ".")}
         close = _closest(name, names)
         match = names[close] if close else None
     hint = f"; did you mean {match!r}?" if match else ""
-    where = f" {origin}" if origin else ""
-    raise ConfigError(f"unknown config key {key!r}{where}{hint}")
+    tail = f" ({way_out[1]})" if way_out and match else f": {way_out[1]}" if way_out else ""
+    raise ConfigError(f"{unknown}{hint}{tail}")
 
 
 def _same_words(key: str, keys: list[str]) -> str | None:
@@ -923,7 +964,10 @@ def _same_words(key: str, keys: list[str]) -> str | None:
 
 def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"{key}: unknown value {value!r}{_suggest(str(value), choices)} (choose one of {', '.join(choices)})")
+        way_out = verl_keys.value_way_out(key, value)  # a choice verl names: which release has it, or a fork's
+        tail = f"; {way_out}" if way_out else ""
+        raise ConfigError(f"{key}: unknown value {value!r}{_suggest(str(value), choices)} (choose one of "
+                          f"{', '.join(choices)}){tail}")
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:

@@ -7,7 +7,8 @@ The overrides are verl's (Hydra's): bare ``key=value`` with YAML values (``[a,b]
 ``null``), ``+key=value`` to add, ``~key`` to drop. They apply on top of our default config, or of one of our YAML
 files named by ``--config-path``/``--config-name`` (ours: verl's own Hydra files with a defaults list are not read
 here; its keys are, as overrides; ``--config-name ppo_trainer``, verl's default, is our defaults). What each verl key
-does here: docs/verl.md. Errors as ``python -m verl_runtime``: one ``error:`` line and exit 2 (``--debug``: the
+does here: docs/verl.md. Every refusal names the way out: the key verl renamed it to, ``verl-deploy run --runtime
+verl`` (verl's own trainer) or, for a key or value no verl release has, ``--verl-source`` (the user's fork). Errors as ``python -m verl_runtime``: one ``error:`` line and exit 2 (``--debug``: the
 traceback).
 
 ``--cfg job`` (Hydra's: also ``--cfg=job``, ``-c job``, and ``all``, the same here) composes the config exactly as a
@@ -79,7 +80,11 @@ def parse_args(argv: list[str]) -> tuple[str | None, list[str], bool]:
         stem = Path(name).stem
         if stem in verl_keys.VERL_CONFIG_NAMES and verl_keys.VERL_CONFIG_NAMES[stem] is None:
             return None, overrides, debug  # verl's default config: our defaults are its counterpart
-        what = verl_keys.VERL_CONFIG_NAMES.get(stem) or f"verl's Hydra config {stem!r} (a recipe's, read by verl only)"
+        what = verl_keys.VERL_CONFIG_NAMES.get(stem)
+        if what is None:  # no verl release has it: a recipe's or a fork's, which their own verl composes
+            raise ConfigError(f"config file {path} not found (--config-name {config_name}): a Hydra config of a "
+                              f"recipe or a fork (verl's own is ppo_trainer), composed by their verl: run it with "
+                              f"{verl_keys.RUN_FORK}")
         raise ConfigError(f"config file {path} not found (--config-name {config_name}): {verl_keys.out_of_scope(what)}")
     return str(path), overrides, debug
 

@@ -32,12 +32,24 @@ MAPS, IGNORED, REFUSED = "maps", "ignored", "refused"
 RUN_WITH_VERL = "verl-deploy run --runtime verl -- <the same overrides>"
 
 
+# How to run a fork of verl (a research repository's own copy): its keys and values are in no verl release.
+RUN_FORK = "verl-deploy run --runtime verl --verl-source <your repo> -- <the same overrides>"
+
+
 def out_of_scope(what: str) -> str:
     """The reason of a refusal for something this runtime does not do at all, naming the way to run it."""
     return f"{what}: out of this runtime's scope; run it with {RUN_WITH_VERL}"
 
 
+def not_here(what: str) -> str:
+    """The reason of a refusal for a feature of verl 0.9.1 this runtime lacks: verl's own trainer runs it."""
+    return f"{what}; verl runs it: {RUN_WITH_VERL}"
+
+
 _ENGINES = "verl's Megatron, MindSpeed, TorchTitan and VeOmni engines"
+
+# A key of verl's engine trainer configs only (verl_key_history.json's engine_keys: ppo_megatron_trainer, ...).
+ENGINE_ONLY = out_of_scope(f"a key of {_ENGINES}")
 
 # verl's own Hydra config names (main_ppo --config-name): its default is our defaults; the others are out of scope.
 VERL_CONFIG_NAMES = {"ppo_trainer": None, "ppo_megatron_trainer": _ENGINES}
@@ -70,9 +82,11 @@ VALUE_REFUSALS = {
 # verl's spellings of the values of keys that are ours too: {our key: {verl's value: ours}}.
 # verl 0.9.1's reward managers other than naive and dapo (config.REWARD_MANAGERS), and a recipe's
 _OTHER_MANAGERS = {"gdpo": "GDPO's (several reward components, normalized apart)", "rate_limited": "the rate-limited",
-                   "remote": "the remote", "batch": "the batched", "prime": "PRIME's", "collabllm": "CollabLLM's"}
-VALUE_REFUSALS["reward.manager"] = {name: f"{what} reward manager is not here (naive and dapo are)"
+                   "remote": "the remote", "batch": "the batched", "prime": "PRIME's"}
+VALUE_REFUSALS["reward.manager"] = {name: not_here(f"{what} reward manager is not here (naive and dapo are)")
                                     for name, what in _OTHER_MANAGERS.items()}
+# verl's recipe repository's own (recipe/collabllm), in no verl release: a fork's, for verl-deploy
+VALUE_REFUSALS["reward.manager"]["collabllm"] = f"CollabLLM's reward manager is verl-recipe's: run it with {RUN_FORK}"
 VALUE_SPELLINGS = {"critic.strategy": {"fsdp2": "fsdp"}}
 
 
@@ -213,6 +227,9 @@ RULES: tuple[Rule, ...] = (
     _routed("data.image_patch_size", _NO_VISION),
     _routed("data.mm_processor_kwargs", _NO_VISION, None, {}),
     _routed(f"{_AR}.actor.freeze_vision_tower", _NO_VISION, False),
+    # a generative reward model served by a rollout engine (verl's reward loop): SGLang's is out of scope, as the
+    # actor's is (FAPO's recipe serves its GenRM so); null and ??? are verl's defaults
+    _routed("*reward_model.rollout.name", "a reward model served by SGLang or TensorRT-LLM", None, "???", "vllm"),
     # --- would change the results if ignored: refused unless the value is what we do --------------------------------
     _refused("trainer.critic_warmup", "the actor is updated from the first step here", 0),
     _refused("trainer.val_only", "a validation-only run is not here", False),
@@ -397,6 +414,102 @@ def rule_for(key: str) -> Rule | None:
             return next(rule for rule in RULES if rule.matches(key))
         return None
     return next((rule for rule in RULES if rule.matches(key)), None)
+
+
+# --- verl's releases: what a key or value was, where it went (verl_key_history.json) ---------------------------------
+HISTORY_FILE = Path(__file__).with_name("verl_key_history.json")  # made by tests/fixtures/verl-key-history/make_history.py
+
+# Our choice keys -> the value family of verl_key_history.json that holds verl's names for them.
+VALUE_FAMILIES = {"algorithm.adv_estimator": "algorithm.adv_estimator", "reward.manager": "reward_manager",
+                  "actor.policy_loss.loss_mode": "policy_loss"}
+
+
+@functools.cache
+def history() -> dict:
+    """Every key and value of verl's releases on PyPI (first and last release of each), and the keys renamed."""
+    import json
+
+    return json.loads(HISTORY_FILE.read_text())
+
+
+def _releases() -> str:
+    releases = history()["releases"]
+    return f"{releases[0]}-{releases[-1]}"
+
+
+def _span(spans: dict[str, list[str]], key: str) -> list[str] | None:
+    """The releases holding a key or a mapping-valued key above it (engine_kwargs.vllm.x)."""
+    parts = key.split(".")
+    return next((spans[".".join(parts[:n])] for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in spans), None)
+
+
+def _next_release(release: str) -> str:
+    releases = history()["releases"]
+    return releases[releases.index(release) + 1]
+
+
+def renamed(key: str) -> tuple[list[str], str] | None:
+    """(the names verl gave the key since, the release that renamed it) for a key verl renamed, else None. A rename
+    that was renamed again is followed to the names of the newest release."""
+    renames, current = history()["renames"], history()["keys"]
+    first = renames.get(key)
+    if first is None:
+        return None
+    names, seen = list(first["to"]), {key}
+    while any(name in renames and name not in seen and current.get(name, [""])[1] != history()["releases"][-1]
+              for name in names):
+        seen |= set(names)
+        names = [new for name in names for new in (renames[name]["to"] if name in renames else [name])]
+    return sorted(set(names)), first["release"]
+
+
+def engine_key(key: str) -> bool:
+    """A key only verl's Megatron, TorchTitan or VeOmni trainer configs have (0.9.1's or an earlier one)."""
+    return _span(history()["engine_keys"], key) is not None and _span(history()["keys"], key) is None
+
+
+def verl_section(key: str) -> bool:
+    """The key's top-level section is one of verl's (data, actor_rollout_ref, ...): it reads as a verl key."""
+    top = key.split(".")[0]
+    return any(name.split(".")[0] == top for name in history()["keys"])
+
+
+def key_way_out(key: str) -> tuple[bool, str] | None:
+    """For a key that is neither ours nor verl 0.9.1's: (renamed, what to do) from verl's releases, or None for a key
+    outside verl's sections. renamed: verl renamed it, and the text names the new key and the release."""
+    moved = renamed(key)
+    latest = history()["releases"][-1]
+    if moved:
+        names, release = moved
+        now = [name for name in names if history()["keys"].get(name, ["", ""])[1] == latest]
+        shown = " or ".join(repr(name) for name in (now or names))
+        if now:
+            return True, f"verl {release} renamed it {shown}: set that"
+        span = _span(history()["keys"], names[0])
+        return True, (f"verl {release} renamed it {shown}, which verl {_next_release(span[1])} removed: drop it, or "
+                      f"run verl {span[1]} with {RUN_WITH_VERL.replace('--runtime verl', f'--runtime verl --verl-source verl=={span[1]}')}")
+    span = _span(history()["keys"], key)
+    if span and span[1] != latest:
+        pinned = RUN_WITH_VERL.replace("--runtime verl", f"--runtime verl --verl-source verl=={span[1]}")
+        return False, (f"verl's key in {span[0]}-{span[1]}, removed in {_next_release(span[1])}: drop it, or run verl "
+                       f"{span[1]} with {pinned}")
+    if not verl_section(key):
+        return None
+    return False, f"it is in no verl release ({_releases()}), so it comes from a fork: run your fork with {RUN_FORK}"
+
+
+def value_way_out(key: str, value) -> str | None:
+    """For a value of one of our choice keys (VALUE_FAMILIES) that is not ours: what verl's releases say, or None."""
+    family = VALUE_FAMILIES.get(key)
+    if family is None or not isinstance(value, str):
+        return None
+    span = history()["values"][family].get(value)
+    if span is None:
+        return f"{value!r} is in no verl release ({_releases()}), so it comes from a fork: run your fork with {RUN_FORK}"
+    if span[1] == history()["releases"][-1]:
+        return out_of_scope(f"verl's {value!r} (verl {span[0]}-{span[1]})")
+    pinned = RUN_WITH_VERL.replace("--runtime verl", f"--runtime verl --verl-source verl=={span[1]}")
+    return f"verl's {value!r} in {span[0]}-{span[1]}, removed in {_next_release(span[1])}: run verl {span[1]} with {pinned}"
 
 
 def extract_keys(wheel: str | Path) -> list[str]:
