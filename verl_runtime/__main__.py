@@ -48,6 +48,7 @@ def train(config_path: str, overrides: list[str]) -> int:
 
     The run directory is locked for the whole run, before anything is written into it: a second trainer on it
     fails with one line (RunDirBusy) and leaves the first one's log, metrics and config alone."""
+    from verl_runtime import oom
     from verl_runtime.config import load_config
     from verl_runtime.local_paths import check_local_paths
     from verl_runtime.rundir import TRAIN_LOG, locked
@@ -58,7 +59,7 @@ def train(config_path: str, overrides: list[str]) -> int:
     with machine_faults(), locked(config.run_dir):
         log_path = config.run_dir / TRAIN_LOG
         try:
-            with _tee_console(log_path):
+            with _tee_console(log_path), oom.translated(config):  # running out of memory: one line, also at start-up
                 from verl_runtime.trainer import SingleControllerTrainer
 
                 SingleControllerTrainer(config).fit()

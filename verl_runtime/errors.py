@@ -2,7 +2,8 @@
 
 The entrypoint prints ``error: <message>`` and exits 2, without a traceback (unless --debug). A fault of the
 machine under the run (a full disk or quota, a read-only file system, no permission) becomes such a line too,
-through machine_fault(): the runtime's entrypoints and the host CLI both use it.
+through machine_fault(): the runtime's entrypoints and the host CLI both use it. Running out of memory does too
+(OutOfMemory, worded by verl_runtime/oom.py, which needs the run's config).
 """
 
 import contextlib
@@ -36,6 +37,15 @@ class ModelError(UserError):
 
 class TrainingError(UserError):
     """Training cannot go on: a NaN loss, or out of memory (the message names the knob to turn)."""
+
+
+class OutOfMemory(TrainingError):
+    """Out of GPU or host memory, or no room for vLLM's KV cache: one line with the phase, the micro-batch, the plan's
+    figure, the fix and the kept checkpoint (verl_runtime/oom.py words it).
+
+    Exit 2 like any UserError: resumed unchanged, the run meets the same data in the same order (seeded, the RNG
+    restored) and runs out of memory in the same micro-batch again, so a scheduler should not retry it on the GPUs
+    (Kubernetes fails the Job at once); the line says which setting to change, and --resume takes it."""
 
 
 class MachineFault(UserError):

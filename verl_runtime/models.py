@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from verl_runtime import oom
 from verl_runtime.errors import ConfigError, ModelError
 from verl_runtime.hub import is_hub_id, snapshot
 from verl_runtime.lean_model import lean_path_applies, shared_prefix_logits
@@ -266,6 +267,7 @@ def load_value_model(path, dtype, device, gradient_checkpointing: bool = False) 
 
 def response_values(value_model: ValueModel, input_ids, attention_mask, position_ids, response_length: int):
     """Values [B, R] of the states that predict each response token (verl's slicing)."""
+    oom.note_micro_batch(input_ids)  # what an out-of-memory error names
     values = value_model(input_ids, attention_mask, position_ids)
     return values[:, -response_length - 1 : -1]
 
@@ -302,6 +304,7 @@ def response_log_probs(
 
 def response_logits(model, input_ids, attention_mask, position_ids, response_length: int, temperature: float = 1.0):
     """The fp32 logits [B, R, V] that predict the last response_length tokens, divided by the temperature."""
+    oom.note_micro_batch(input_ids)  # what an out-of-memory error names
     if lean_path_applies(model, input_ids.device, input_ids.shape[1]):
         logits = shared_prefix_logits(model, input_ids, attention_mask, position_ids, response_length)
     else:

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from verl_runtime import rundir, validation
+from verl_runtime import oom, rundir, validation
 from verl_runtime.algorithms import apply_kl_penalty, compute_advantage, get_kl_controller, sequence_scores_to_token_level
 from verl_runtime.checkpoint import latest_checkpoint, load_newest, rng_state, save_checkpoint, set_rng_state
 from verl_runtime.config import Config, diff_configs, mini_batch_size, to_yaml, validate, world_size
@@ -42,6 +42,7 @@ OPTIMAL_TOKEN_BASELINES = ("optimal_token_baseline", "tir_optimal_token_baseline
 class SingleControllerTrainer:
     def __init__(self, config: Config):
         print("[INFO] Initializing SingleControllerTrainer...", flush=True)
+        oom.reset()  # an earlier trainer's notes in this process say nothing of this one
         validate(config)
         resolve_world_size(config)
         self.config = config
@@ -82,7 +83,7 @@ class SingleControllerTrainer:
                                 f"{self.actor.world_size} samples (each trains on an equal share), got {len(samples)}")
         batch = self._encode_samples(samples)
         scores = torch.tensor([float(sample["reward"]) for sample in samples])
-        with out_of_memory_hint(self.config):
+        with oom.translated(self.config):
             metrics = self._update(batch, scores, timing={}, mini_batch_size=len(samples))
         self.global_step += 1
         metrics["loss"] = metrics["actor/loss"] + metrics.get("critic/vf_loss", 0.0)
@@ -119,10 +120,11 @@ class SingleControllerTrainer:
               f" -> {run_dir}", flush=True)
         writer = MetricsWriter(run_dir, tensorboard=cfg.trainer.tensorboard, truncate_after=start)
         try:
-            with stop_requests() as stop, out_of_memory_hint(cfg):
+            with stop_requests() as stop, oom.translated(cfg):
                 if val and cfg.trainer.val_before_train and start == 0:
                     writer.log(0, self._validate_and_show(val, 0))
                 clock = StepClock()  # this process's steps: the ETA's
+                length_warned = False  # the plan's safe response length passed: said once
                 for step in range(start + 1, total + 1):
                     timing: dict[str, float] = {}
                     started, compute_before = time.perf_counter(), self.compute_s()
@@ -147,6 +149,9 @@ class SingleControllerTrainer:
                     timing["step"] = time.perf_counter() - started
                     timing["controller"] = timing["step"] - (self.compute_s() - compute_before)  # outside the workers
                     metrics.update(step_metrics(step, epoch, batch, timing))
+                    if not length_warned and (warning := oom.length_warning(metrics.get("response_length/mean"), step, cfg)):
+                        print(warning, flush=True)
+                        length_warned = True
                     writer.log(step, metrics)
                     print(format_console_line(step, total, metrics, *clock.lap(total - step)), flush=True)
                     self.global_step = step
@@ -526,6 +531,7 @@ LEGACY_METRICS = ("timing_s/controller",)
 @contextlib.contextmanager
 def stopped_at(step: int, run_dir):
     """Say at which step training stopped, and which checkpoint is left, when an update fails (e.g. a NaN loss)."""
+    oom.note_step(step)
     try:
         yield
     except TrainingError as exc:
@@ -537,7 +543,8 @@ def stopped_at(step: int, run_dir):
 @contextlib.contextmanager
 def timer(name: str, timing: dict):
     started = time.perf_counter()
-    yield
+    with oom.phase(name):  # the phase an out-of-memory error names
+        yield
     timing[name] = time.perf_counter() - started
 
 
@@ -581,21 +588,6 @@ def stop_requests():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def out_of_memory_hint(config: Config):
-    """Turn CUDA out-of-memory into one line that names the knobs that lower memory use."""
-    try:
-        yield
-    except torch.OutOfMemoryError:
-        micro = config.actor.ppo_micro_batch_size_per_gpu
-        raise TrainingError(
-            f"out of GPU memory: lower actor.ppo_micro_batch_size_per_gpu (now {micro or 'the whole mini-batch'}), "
-            f"rollout.log_prob_micro_batch_size_per_gpu (now {config.rollout.log_prob_micro_batch_size_per_gpu}), "
-            f"data.max_prompt_length/data.max_response_length (now {config.data.max_prompt_length}/"
-            f"{config.data.max_response_length}), or set model.gradient_checkpointing=true"
-        ) from None
 
 
 __all__ = ["SingleControllerTrainer"]

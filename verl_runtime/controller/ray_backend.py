@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from verl_runtime import oom
 from verl_runtime.config import Config
 from verl_runtime.controller.worker_group import BaseWorkerGroup
 from verl_runtime.errors import ConfigError, TrainingError, UserError
@@ -145,7 +146,8 @@ class WorkerProcess:
     def call(self, role: str, method: str, *args, **kwargs) -> tuple[Any, float]:
         """A role's method on this worker's device; its result on the CPU and the seconds it took."""
         started = time.perf_counter()
-        result = getattr(self.roles[role], method)(*move(args, self.device), **kwargs)
+        with oom.carried():  # what this worker was running, on an out-of-memory error, for the controller's line
+            result = getattr(self.roles[role], method)(*move(args, self.device), **kwargs)
         return move(result, torch.device("cpu")), time.perf_counter() - started
 
 
@@ -225,8 +227,9 @@ class Pool:
             ) from None
         except RayTaskError as exc:
             self.close()
-            # A user's error (a reward function's, a model's, the config's) arrives as its one line, not Ray's trace.
-            if isinstance(exc.cause, (UserError, torch.OutOfMemoryError)):
+            # A user's error (a reward function's, a model's, the config's) arrives as its one line, not Ray's trace;
+            # running out of memory as the error itself, which the controller words (oom.translated).
+            if isinstance(exc.cause, UserError) or oom.out_of_memory_kind(exc.cause):
                 raise exc.cause from None
             raise
 

@@ -17,7 +17,7 @@ from verl_runtime.algorithms import (
     kl_penalty,
     logprobs_from_logits,
 )
-from verl_runtime import lora
+from verl_runtime import lora, oom
 from verl_runtime.config import Config
 from verl_runtime.controller import ALL, DP_SPLIT, RANK_ZERO, chunks, register
 from verl_runtime.errors import UserError
@@ -71,6 +71,7 @@ class ActorWorker:
         Rank 0 samples the whole batch: the samples are then the same for any worker count (one random stream), and
         one engine holds the weights (one vLLM instance, not one per rank); the other ranks join for the update.
         """
+        oom.note_rollout(len(prompt_ids) * params.n, max(map(len, prompt_ids), default=0) + params.max_new_tokens)
         with self.mixed_precision():
             rollout = self.rollout.generate(prompt_ids, params)
         batch = {key: getattr(rollout, key) for key in ROLLOUT_KEYS}
@@ -206,6 +207,7 @@ class ActorWorker:
 
     def _sync_rollout(self) -> None:
         """Hand the updated weights to the rollout engine in memory (engines with their own copy: vLLM, FSDP's)."""
+        oom.note_weight_sync()
         if self.rollout_model is not None or parallel.is_sharded(self.model):
             state = parallel.full_model_state(self.model)  # a collective: every rank takes part
             if self.rollout_model is not None:

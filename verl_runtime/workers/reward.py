@@ -52,7 +52,7 @@ class RewardWorker:
         try:
             value = self.function(data_source, text, ground_truth, extra_info)
         except (UserError, torch.OutOfMemoryError):
-            raise  # already one line, or made one by the trainer (out_of_memory_hint)
+            raise  # already one line, or made one by the trainer (verl_runtime/oom.py)
         except Exception as exc:
             raise call_error(self.spec, exc, data_source) from None
         score = checked_score(self.spec, value, data_source)

@@ -1,0 +1,206 @@
+"""Running out of memory ends a run in one line: the phase, the micro-batch, the plan's figure, the fix, the kept
+checkpoint; and the trainer warns once when responses grow past the length the plan said was safe.
+
+No GPU here: the error CUDA raises (torch.OutOfMemoryError) is raised for real from inside the actor's model forward
+(a forward hook on its output layer) in the actor update of step 2, after step 1's checkpoint; vLLM's refusals are
+raised by vLLM's own code.
+"""
+
+import functools
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import require
+from vllm_support import VLLM_INSTALLED, VLLM_MISSING
+
+from verl_deploy.runs import last_error
+from verl_runtime import oom
+from verl_runtime.__main__ import main
+from verl_runtime.config import load_config
+from verl_runtime.errors import EXIT_USER_ERROR, OutOfMemory
+from verl_runtime.workers.actor import ActorWorker
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
+GIB = 1024**3
+PLAN = {
+    "verdict": "tight", "gpu_memory_bytes": 80 * GIB, "safe_response_length": 12, "cheapest_fix": None,
+    "phases": {"rollout": {"peak_bytes": 20 * GIB, "detail": ""}, "actor update": {"peak_bytes": 71 * GIB, "detail": ""}},
+}
+CUDA_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"
+
+
+def quickstart(run_dir: Path, *extra: str) -> list[str]:
+    """The quickstart, two steps, a checkpoint after each, into run_dir."""
+    return ["train", str(QUICKSTART), "--set", f"trainer.run_dir={run_dir}", "--set", "trainer.total_training_steps=2",
+            "--set", "trainer.save_freq=1", "--set", "trainer.test_freq=0", "--set", "trainer.save_hf=false",
+            "--set", "trainer.tensorboard=false", "--set", "data.toy_size=64", *(f"--set={item}" for item in extra)]
+
+
+def out_of_cuda_memory(module, inputs, output):
+    raise torch.OutOfMemoryError(CUDA_OOM)
+
+
+def fail_in_second_actor_update(monkeypatch) -> None:
+    """The actor's model forward raises CUDA's out-of-memory error from its second update (step 2) on."""
+    original, calls = ActorWorker.update, []
+
+    @functools.wraps(original)  # keeps its dispatch mode
+    def update(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            self.model.get_output_embeddings().register_forward_hook(out_of_cuda_memory)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ActorWorker, "update", update)
+
+
+def test_out_of_memory_in_the_actor_update_is_one_line_and_the_kept_checkpoint_resumes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(oom.PLAN_ENV, json.dumps(PLAN))
+    run = tmp_path / "oom-run"
+    with monkeypatch.context() as patch:
+        fail_in_second_actor_update(patch)
+        code = main(quickstart(run))
+    err = capsys.readouterr().err.strip()
+
+    assert code == EXIT_USER_ERROR and "Traceback" not in err
+    line = err.splitlines()[-1]
+    assert re.fullmatch(
+        r"error: out of memory in the actor update of step 2 \(micro-batch 32 x \d+ tokens; the plan gave 71\.0 GiB of "
+        r"80\.0 GiB for it\): set actor\.ppo_micro_batch_size_per_gpu=16.*; checkpoint step 1 is kept: "
+        r"verl-deploy run --resume oom-run --set actor\.ppo_micro_batch_size_per_gpu=16 continues from it", line), line
+    # Nothing of step 2 is written, step 1 is whole; the host's status shows the same line
+    metrics = [json.loads(row) for row in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in metrics] == [1]
+    assert [path.name for path in (run / "checkpoints").iterdir() if path.name.startswith("step_")] == ["step_1"]
+    assert last_error(run) == line
+
+    # The fix the line names, and the run goes on from step 1
+    assert main(quickstart(run, "actor.ppo_micro_batch_size_per_gpu=16")) == 0
+    out = capsys.readouterr().out
+    assert "Resumed from" in out and "(step 1)" in out
+    metrics = [json.loads(row) for row in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in metrics] == [1, 2]
+
+
+def test_a_direct_run_without_a_plan_says_how_to_get_a_figure(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(oom.PLAN_ENV, raising=False)
+    with monkeypatch.context() as patch:
+        fail_in_second_actor_update(patch)
+        code = main(quickstart(tmp_path / "direct", "actor.ppo_micro_batch_size_per_gpu=8"))
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == EXIT_USER_ERROR
+    assert "(micro-batch 8 x " in line and "no plan figure: `verl-deploy plan CONFIG` gives one" in line, line
+    assert ": set actor.ppo_micro_batch_size_per_gpu=4" in line, line
+    assert line.endswith("; checkpoint step 1 is kept: the same command with --set actor.ppo_micro_batch_size_per_gpu=4 "
+                         "continues from it"), line
+
+
+@pytest.mark.slow
+def test_the_cli_on_ray_workers_says_the_same_line(tmp_path):
+    """`python -m verl_runtime train` on two Ray workers: the error arises in a worker process (a sitecustomize.py
+    injects it there), crosses Ray, and ends the run in the same one line, exit 2, no traceback."""
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent('''
+        import functools, importlib.abc, importlib.util, sys
+
+        class InjectOutOfMemory(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name != "verl_runtime.workers.actor":
+                    return None
+                sys.meta_path.remove(self)
+                spec = importlib.util.find_spec(name)
+                run = spec.loader.exec_module
+
+                def exec_module(module):
+                    run(module)
+                    original, calls = module.ActorWorker.update, []
+
+                    @functools.wraps(original)
+                    def update(self, *args, **kwargs):
+                        import torch
+                        calls.append(1)
+                        if len(calls) == 2:
+                            def hook(*_):
+                                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                            self.model.get_output_embeddings().register_forward_hook(hook)
+                        return original(self, *args, **kwargs)
+
+                    module.ActorWorker.update = update
+
+                spec.loader.exec_module = exec_module
+                return spec
+
+        sys.meta_path.insert(0, InjectOutOfMemory())
+    '''))
+    run = tmp_path / "ray-run"
+    env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}", oom.PLAN_ENV: json.dumps(PLAN)}
+    done = subprocess.run([sys.executable, "-m", "verl_runtime", *quickstart(run, "trainer.n_workers=2")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == EXIT_USER_ERROR, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    # Each worker trains half of the 32 samples: its micro-batch is 16 rows
+    assert re.fullmatch(r"error: out of memory in the actor update of step 2 \(micro-batch 16 x \d+ tokens; the plan "
+                        r"gave 71\.0 GiB of 80\.0 GiB for it\): set actor\.ppo_micro_batch_size_per_gpu=8.*; "
+                        r"checkpoint step 1 is kept: verl-deploy run --resume ray-run .*", line), line
+    assert last_error(run) == line
+
+
+def test_the_mean_response_length_past_the_plan_warns_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(oom.PLAN_ENV, json.dumps({**PLAN, "safe_response_length": 0}))
+    assert main(quickstart(tmp_path / "long", "trainer.total_training_steps=3")) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "the plan found safe" in line]
+    assert len(warnings) == 1, warnings
+    assert re.match(r"\[WARN\] step 1: the mean response length \(\d+ tokens\) passed the 0 the plan found safe",
+                    warnings[0]), warnings
+
+
+def test_no_warning_while_responses_stay_under_the_safe_length(tmp_path, monkeypatch):
+    monkeypatch.setenv(oom.PLAN_ENV, json.dumps({**PLAN, "safe_response_length": 1000}))
+    config = load_config(QUICKSTART)
+    assert oom.length_warning(16.0, 1, config) is None
+    assert oom.length_warning(1001.0, 1, config).startswith("[WARN] step 1: the mean response length (1,001 tokens)")
+
+
+def kv_cache_error(available: int, needed: int) -> ValueError:
+    """vLLM's own refusal, raised by its code (vllm/v1/core/kv_cache_utils.py)."""
+    from vllm.v1.core.kv_cache_utils import _check_enough_kv_cache_memory
+
+    with pytest.raises(ValueError) as caught:
+        _check_enough_kv_cache_memory(available, lambda: needed, 32768, lambda memory: 0)
+    return caught.value
+
+
+@pytest.mark.parametrize("available, needed", [(0, 1), (GIB, 4 * GIB)])
+def test_vllm_kv_cache_errors_are_one_line(available, needed, tmp_path, monkeypatch):
+    require(VLLM_INSTALLED, VLLM_MISSING)
+    monkeypatch.setenv(oom.PLAN_ENV, json.dumps(PLAN))
+    config = load_config(QUICKSTART, [f"trainer.run_dir={tmp_path / 'run'}", "rollout.name=vllm",
+                                      "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"])
+    oom.reset()
+    with pytest.raises(OutOfMemory) as caught, oom.translated(config):
+        raise kv_cache_error(available, needed)
+    assert str(caught.value) == (
+        "no room for vLLM's KV cache in the rollout (the plan gave 20.0 GiB of 80.0 GiB for it): set "
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.5 (now 0.4: vLLM's share of the memory is too small for "
+        "its weights and one full-length request); no checkpoint was written yet: verl-deploy run --resume run --set "
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.5 starts it again")
+
+
+def test_the_cpu_allocator_and_other_errors():
+    config = load_config(QUICKSTART)
+    oom.reset()
+    with oom.phase("ref"):
+        oom.note_micro_batch(torch.zeros(16, 300, dtype=torch.long))
+        cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you "
+                           "tried to allocate 9663676416 bytes. Error code 12 (Cannot allocate memory)")
+        line = oom.describe(cpu, config)
+    assert line.startswith("out of host memory in the reference log-probs (micro-batch 16 x 300 tokens; ")
+    assert "set ref.log_prob_micro_batch_size_per_gpu=8" in line
+    assert oom.describe(RuntimeError("shape mismatch"), config) is None
+    assert oom.describe(ValueError("No free blocks available"), config) is None
