@@ -79,7 +79,7 @@ def test_qwen25_7b_grpo_on_8_h100_with_verls_example_fits_and_says_why():
     for phase in ("rollout", "weight sync", "old log-probs", "reference log-probs", "actor update"):
         assert phase in text
     assert "8 x H100" in text and "fits:" in text and "--gpu-type H100: 79 GiB (gpu_types.yaml)" in text
-    assert "every response may reach the limit" in text  # the length assumed, and why
+    assert "a typical mean" in text and "worst case: prompt 512, response 1024 tokens" in text  # both cases, and why
     code, doc = plan_json("--runtime", "verl", "--gpu-type", "H100", "--", *VERL_7B)
     assert code == 0 and doc["gpus"] == 8 and doc["model"]["parameters"] == 7_615_616_512
     assert doc["gpu_memory_bytes"] == 79 * GIB
@@ -87,25 +87,60 @@ def test_qwen25_7b_grpo_on_8_h100_with_verls_example_fits_and_says_why():
     assert rollout["components"]["rollout"] == pytest.approx(0.6 * 79 * GIB, rel=1e-6)  # vLLM's share of the board
 
 
-def test_padding_free_runs_plan_the_response_length_given():
-    _, worst = plan_json("--runtime", "verl", "--gpu-type", "H100", "--", *VERL_7B)
-    _, typical = plan_json("--runtime", "verl", "--gpu-type", "H100", "--response-length", "300", "--", *VERL_7B)
-    assert typical["lengths"]["response"] == 300 and worst["lengths"]["response"] == 1024
-    assert typical["peak_bytes"] < worst["peak_bytes"]
+def test_padding_free_runs_plan_a_typical_length_and_the_worst_case():
+    _, default = plan_json("--runtime", "verl", "--gpu-type", "H100", "--", *VERL_7B)
+    _, given = plan_json("--runtime", "verl", "--gpu-type", "H100", "--response-length", "300", "--", *VERL_7B)
+    assert default["lengths"]["response"] == 256 and "0.25 x data.max_response_length" in default["lengths"]["response_assumed"]
+    assert default["lengths"]["prompt"] == 128  # no data file read: a quarter of max_prompt_length
+    update = lambda doc: next(p["peak_bytes"] for p in doc["phases"] if p["name"] == "old log-probs")  # noqa: E731
+    assert given["lengths"]["response"] == 300 and update(default) < update(given)
+    worst = default["worst_case"]
+    assert worst["lengths"] == {"prompt": 512, "response": 1024} and worst["peak_bytes"] > given["peak_bytes"]
+
+
+def test_tight_says_up_to_which_mean_response_it_fits_and_what_removes_the_risk():
+    """The published 1.5B GRPO-LoRA run on one H100 (its micro-batch is the whole batch): fits at typical lengths,
+    not with every response at the limit. Tight, exit 0, the safe length, settings (not GPUs) that remove the risk."""
+    import yaml
+
+    case = next(c for c in yaml.safe_load((FIXTURES / "plan" / "verl_min_resources.yaml").read_text())["published"]
+                if c["name"].startswith("1.5B"))
+    args = ["--runtime", "verl", "--gpu-type", "H100", "--", *case["overrides"],
+            f"actor_rollout_ref.model.path={MODELS / case['model']}"]
+    code, doc = plan_json(*args)
+    assert code == 0 and doc["verdict"] == "tight" and doc["worst_case"]["verdict"] == "does not fit"
+    safe = doc["safe_response_length"]
+    assert doc["lengths"]["response"] < safe < 1024 and f"stays under {safe} tokens" in doc["reason"]
+    assert doc["phase_response_limits"]["actor update"] == safe  # the phase that stops fitting first
+    assert "use_dynamic_bsz=true" in doc["reason"] and "removes the risk" in doc["reason"]
+    assert doc["suggestions"] and not [s for s in doc["suggestions"] if "--gpus" in s or "--nodes" in s]
+    assert doc["cheapest_fix"] == doc["suggestions"][0]
+    # each suggestion, applied, is planned to fit with every response at the limit
+    settings = [part.strip() for part in doc["suggestions"][0].split(": peak")[0].split(",")]
+    code, fixed = plan_json(*args, *settings)
+    assert code == 0 and fixed["verdict"] == "fits" and fixed["worst_case"]["verdict"] == "fits"
+    # the mean response the plan calls safe fits; one token more does not
+    _, at = plan_json("--response-length", str(safe), *args)
+    _, past = plan_json("--response-length", str(safe + 1), *args)
+    assert at["peak_bytes"] <= at["gpu_memory_bytes"] < past["peak_bytes"]
 
 
 def test_a_run_that_does_not_fit_exits_1_with_suggestions_that_each_fit_when_planned_again():
     too_big = [*VERL_7B, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=160",
                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=160",
                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=160"]
-    code, doc = plan_json("--runtime", "verl", "--gpu-type", "H100", "--", *too_big)
+    long = ["--prompt-length", "512", "--response-length", "1024"]  # a data set whose answers reach the limit
+    code, doc = plan_json("--runtime", "verl", "--gpu-type", "H100", *long, "--", *too_big)
     assert code == 1 and doc["fits"] is False and doc["verdict"] == "does not fit"
     assert doc["peak_bytes"] > doc["gpu_memory_bytes"]
-    first = doc["suggestions"][0]
-    assert first.startswith("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=")  # the cheapest change first
-    settings = [part.strip() for part in first.split(":")[0].split(",")]
-    again, fixed = plan_json("--runtime", "verl", "--gpu-type", "H100", "--", *too_big, *settings)
-    assert again == 0 and fixed["fits"] is True
+    dynamic, micro = doc["suggestions"][:2]  # the cheapest changes first: settings, the token budget first
+    assert dynamic.startswith("actor_rollout_ref.actor.use_dynamic_bsz=true")
+    assert micro.startswith("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=")
+    assert doc["cheapest_fix"] == dynamic
+    for line in (dynamic, micro):
+        settings = [part.strip() for part in line.split(": peak")[0].split(",")]
+        again, fixed = plan_json("--runtime", "verl", "--gpu-type", "H100", *long, "--", *too_big, *settings)
+        assert again == 0 and fixed["fits"] is True
 
 
 def test_our_runtime_that_cannot_fit_says_which_phase_and_refuses():

@@ -164,7 +164,7 @@ def run(
         for change in planned.resume_changes:
             typer.echo(f"resume {resume}: {change}", err=True)
         if not no_plan:
-            _preflight(spec, planned.target)
+            spec = _preflight(spec, planned.target)
         launcher = get_launcher(planned.target, root, spec.namespace, slurm=planned.slurm)
         if planned.build_image:  # only once the config and flags are known to be good: a build takes minutes
             spec = dataclasses.replace(spec, image=ensure_default_image(planned.variant, spec.runtime))
@@ -194,10 +194,11 @@ def run(
     raise typer.Exit(code)
 
 
-def _preflight(spec, target: str) -> None:
-    """Plan the run's memory before anything is created (verl_deploy.plan): refuse one that cannot fit, in one line
-    with the best change, and warn when it is tight."""
+def _preflight(spec, target: str):
+    """Plan the run's memory before anything is created (verl_deploy.plan): refuse one that does not fit, in one line
+    with the cheapest fix, and warn when it is tight. The spec, with the plan in the trainer's environment."""
     from verl_deploy.launchers import LaunchError
+    from verl_deploy.launchers.jobspec import with_plan
     from verl_deploy.plan import preflight
 
     check = preflight(spec.config_path, spec.overrides, runtime=spec.runtime, target=target, gpus=spec.gpus,
@@ -206,6 +207,7 @@ def _preflight(spec, target: str) -> None:
         raise LaunchError(check.message)
     if check.status == "tight":  # a skipped plan (a cluster's unknown GPU, a model not at hand) says nothing here
         typer.echo(check.message, err=True)
+    return with_plan(spec, check.plan.for_trainer()) if check.plan is not None else spec
 
 
 def _warn_if_stale(image: str) -> None:

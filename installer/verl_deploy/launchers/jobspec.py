@@ -32,6 +32,7 @@ DATA_DIR = "/data"
 
 # Hub settings that travel from the caller's environment into the run (not secrets): a mirror, offline mode.
 HUB_ENV = ("HF_ENDPOINT", "HF_HUB_OFFLINE")
+PLAN_ENV = "VERL_DEPLOY_PLAN"  # run's pre-flight plan, compact JSON, for the trainer's out-of-memory line (docs/plan.md)
 
 # The config of a run given no CONFIG file, only overrides (verl's way): our defaults, then the overrides.
 NO_CONFIG = assets.package_dir("verl_runtime") / "main_ppo.yaml"
@@ -540,3 +541,8 @@ def build_spec(
         cluster=cluster or ClusterOptions(),
     )
     return replace(spec, command=command_of(spec))  # built once, from the spec's final values
+
+
+def with_plan(spec: JobSpec, plan_json: str) -> JobSpec:
+    """The spec with the pre-flight's plan in the trainer's environment (PLAN_ENV): every target passes spec.env."""
+    return replace(spec, env={**spec.env, PLAN_ENV: plan_json})

@@ -3,8 +3,9 @@ full-parameter GRPO fits on it alone, without offload and with FSDP2's CPU offlo
 `verl-deploy doctor` can say it for every GPU it sees.
 
 The workload: upstream verl 0.9.1 (the runtime with offload), one GPU, GRPO with 5 samples per prompt, prompts of
-512 and responses of 1024 tokens (micro-batches of 4 sequences at those lengths: the worst case), gradient
-checkpointing, vLLM with tensor parallelism 1 at the memory share that fits best (0.1 to 0.9). "With offload" keeps
+up to 512 and responses of up to 1024 tokens, micro-batches of 4 sequences, gradient checkpointing, vLLM with tensor
+parallelism 1 at the memory share that fits best (0.1 to 0.9); a model "fits" when `verl-deploy plan` would say fits
+or tight (lengths.py: the typical lengths fit). "With offload" keeps
 parameters, gradients and AdamW in host memory (actor_rollout_ref.actor.strategy=fsdp2, fsdp_config.offload_policy=
 True), which needs 16 bytes per parameter of host memory (plus 4 for the reference model): the host's memory caps it.
 """
@@ -16,7 +17,7 @@ from functools import lru_cache
 from importlib import resources
 
 from verl_deploy.plan.gpu import Device
-from verl_deploy.plan.lengths import Lengths
+from verl_deploy.plan.lengths import assume
 from verl_deploy.plan.shape import ModelShape, _count_by_arithmetic
 
 PROMPT, RESPONSE, MICRO = 512, 1024, 4
@@ -29,8 +30,8 @@ WORKLOAD = [
     f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO}",
     f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={MICRO}", "actor_rollout_ref.model.path=reference",
 ]
-DESCRIPTION = (f"full-parameter GRPO on this GPU alone (verl FSDP + vLLM, {PROMPT}+{RESPONSE}-token sequences, "
-               f"micro-batches of {MICRO}, gradient checkpointing)")
+DESCRIPTION = (f"full-parameter GRPO on this GPU alone (verl FSDP + vLLM, up to {PROMPT}+{RESPONSE}-token sequences, "
+               f"micro-batches of {MICRO}, gradient checkpointing; fits or tight as `plan` judges it)")
 
 
 @lru_cache(maxsize=1)
@@ -50,18 +51,18 @@ class Capacity:
 
 
 def capacity(device: Device, host_bytes: int) -> Capacity:
-    from verl_deploy.plan.core import _evaluate
+    from verl_deploy.plan.core import _judge
     from verl_deploy.plan.workload import from_verl
 
     base = from_verl(WORKLOAD, 1, 1)
-    lengths = Lengths(PROMPT, RESPONSE, "", "")
+    cases = assume(base.padding_free, PROMPT, RESPONSE, None)  # the plan's typical and worst lengths
     device = replace(device, source="capacity")  # the host's memory is weighed here, not by the plan
 
     def fits(shape: ModelShape, offload: bool) -> bool:
         work = base.with_(param_offload=offload, optimizer_offload=offload, offload_policy=offload)
         for share in SHARES:
-            result = _evaluate(work.with_(gpu_memory_utilization=share), shape, None, lengths, device)
-            if result.fits:
+            result = _judge(work.with_(gpu_memory_utilization=share), shape, None, cases, device)
+            if result.fits:  # fits or tight: the verdict `plan` and `run` give
                 return True
         return False
 

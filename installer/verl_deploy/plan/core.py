@@ -3,6 +3,7 @@ preflight(), the same check in one line for `verl-deploy run`."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -32,6 +33,13 @@ class Plan:
     reason: str  # one line: why this verdict
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    worst: Plan | None = None  # the same run with every response at the limit (None: the lengths cannot differ)
+    phase_limits: dict[str, int | None] = field(default_factory=dict)  # mean response at which each phase stops fitting
+    safe_response_length: int | None = None  # the mean response up to which every phase fits
+
+    @property
+    def cheapest_fix(self) -> str | None:
+        return self.suggestions[0] if self.suggestions and not self.suggestions[0].startswith("no change") else None
 
     @property
     def fits(self) -> bool:
@@ -72,8 +80,24 @@ class Plan:
             "lengths": {"prompt": self.lengths.prompt, "response": self.lengths.response,
                         "prompt_assumed": self.lengths.prompt_how, "response_assumed": self.lengths.response_how},
             "host_memory_bytes": self.memory.host_bytes,
+            "worst_case": None if self.worst is None else {
+                "peak_bytes": self.worst.peak_bytes, "peak_phase": self.worst.memory.peak_phase.name,
+                "verdict": self.worst.verdict, "lengths": {"prompt": self.worst.lengths.prompt,
+                                                           "response": self.worst.lengths.response}},
+            "safe_response_length": self.safe_response_length,
+            "phase_response_limits": self.phase_limits,
+            "cheapest_fix": self.cheapest_fix,
             "notes": self.notes,
         }
+
+    def for_trainer(self) -> str:
+        """The plan as the trainer reads it (VERL_DEPLOY_PLAN, compact JSON, docs/plan.md): the verdict, the safe
+        mean response length, the cheapest fix and each phase's planned peak at typical lengths."""
+        doc = {"verdict": self.verdict, "gpu_memory_bytes": self.gpu_memory_bytes,
+               "safe_response_length": self.safe_response_length,
+               "cheapest_fix": (self.cheapest_fix or "")[:300] or None,
+               "phases": {p.name: {"peak_bytes": p.peak, "detail": p.detail[:120]} for p in self.memory.phases}}
+        return json.dumps(doc, separators=(",", ":"))
 
 
 def plan(config: Path | None = None, overrides: Sequence[str] = (), *, runtime: str = OURS, gpus: Gpus | None = None,
@@ -107,12 +131,26 @@ def plan(config: Path | None = None, overrides: Sequence[str] = (), *, runtime: 
         hub = work.model_path if not Path(work.model_path).expanduser().exists() else None
         stats, why = lengths_mod.prompt_stats([str(f) for f in data_files], source.folder, hub,
                                               work.max_prompt_length, apply_template)
-    lengths = lengths_mod.assume(work.padding_free, work.max_prompt_length, work.max_response_length, stats,
-                                 prompt_length, response_length, why)
-    result = _evaluate(work, shape, critic, lengths, device)
+    cases = lengths_mod.assume(work.padding_free, work.max_prompt_length, work.max_response_length, stats,
+                               prompt_length, response_length, why)
+    result = _judge(work, shape, critic, cases, device)
     result.notes = notes + list(work.notes) + result.notes
-    if with_suggestions and not result.fits:
-        result.suggestions = _suggestions(result, shape, critic, device)
+    result.phase_limits, result.safe_response_length = _response_limits(result, shape, critic, cases, device)
+    if result.verdict == TIGHT and result.worst is not None and result.worst.verdict == NO:
+        safe, prompt = result.safe_response_length, cases.typical.prompt
+        if safe and safe < work.max_response_length:
+            result.reason += f": it fits while the mean response stays under {safe} tokens"
+        elif safe:
+            result.reason += (f": it fits at every response length with prompts of {prompt} tokens; the longest "
+                              "prompts do not")
+    if with_suggestions and result.verdict != FITS:
+        result.suggestions = _suggestions(result, shape, critic, cases, device)
+        if result.verdict == TIGHT and result.worst is not None and result.worst.verdict == NO:
+            if result.suggestions:
+                fixes = " or ".join(_settings_of(line) for line in result.suggestions[:2])
+                result.reason += f"; {fixes} removes the risk"
+            else:
+                result.reason += " (--response-length N plans your data's lengths)"
     return result
 
 
@@ -146,28 +184,90 @@ def _evaluate(work: Workload, shape: ModelShape, critic: ModelShape | None, leng
     return Plan(work.runtime, shape, device, work, lengths, memory, verdict, reason, notes=notes)
 
 
-def _suggestions(result: Plan, shape: ModelShape, critic: ModelShape | None, device: Device) -> list[str]:
+def _judge(work: Workload, shape: ModelShape, critic: ModelShape | None, cases: lengths_mod.Cases,
+           device: Device) -> Plan:
+    """The verdict over both length cases: fits (the worst case fits), tight (the typical case fits, the worst does
+    not, or the peak is within 10% of the memory), does not fit (the typical case does not)."""
+    typical = _evaluate(work, shape, critic, cases.typical, device)
+    if cases.same or typical.verdict == NO:
+        if typical.verdict == NO and not cases.same:
+            typical.reason += (f" (typical lengths: prompt {cases.typical.prompt}, response {cases.typical.response} "
+                               "tokens)")
+        return typical
+    worst = _evaluate(work, shape, critic, cases.worst, device)
+    typical.worst = worst
+    at_limit = f"every response at {cases.worst.response} tokens"
+    if worst.verdict == FITS:
+        typical.reason = f"{worst.reason}, with {at_limit}"
+    elif worst.verdict == TIGHT:
+        typical.verdict, typical.reason = TIGHT, f"with {at_limit}, {worst.reason}"
+    else:
+        peak = worst.memory.peak_phase
+        typical.verdict = TIGHT
+        share = 100 * typical.peak_bytes / device.memory_bytes
+        typical.reason = (f"fits at typical lengths (prompt {cases.typical.prompt}, response {cases.typical.response} "
+                          f"tokens: peak {size(typical.peak_bytes)}, {share:.1f}%), not with {at_limit} and prompts "
+                          f"of {cases.worst.prompt} (the {peak.name} phase needs {size(peak.peak)} of "
+                          f"{size(device.memory_bytes)})")
+    return typical
+
+
+def _response_limits(result: Plan, shape: ModelShape, critic: ModelShape | None, cases: lengths_mod.Cases,
+                     device: Device) -> tuple[dict[str, int | None], int | None]:
+    """For each phase, the longest mean response (tokens, at the typical prompt) at which it fits in the GPU's
+    memory (None: not even one token; the limit: it fits all the way); and the smallest of them."""
+    work, usable = result.workload, device.memory_bytes
+    longest = work.max_response_length
+    if result.memory.vllm_fails:
+        return {p.name: None for p in result.memory.phases}, None
+    if not work.padding_free:  # padded micro-batches do not depend on the responses' real lengths
+        fits = {p.name: (longest if p.peak <= usable else None) for p in result.memory.phases}
+        return fits, (longest if all(fits.values()) else None)
+    from verl_deploy.plan.memory import plan_memory
+
+    def peaks(response: int) -> dict[str, int]:
+        lengths = lengths_mod.Lengths(cases.typical.prompt, response, "", "")
+        return {p.name: p.peak for p in plan_memory(work, shape, critic, lengths, device.total_bytes).phases}
+
+    limits = {}
+    for phase in result.memory.phases:
+        limits[phase.name] = response_length_that_fits(work, lambda r, n=phase.name: peaks(r)[n] <= usable, longest)
+    known = list(limits.values())
+    return limits, (None if None in known else min(known, default=None))
+
+
+def _settings_of(line: str) -> str:
+    """A suggestion's settings (what comes before its planned peak)."""
+    return line.split(": peak ")[0].removeprefix("together: ")
+
+
+def _suggestions(result: Plan, shape: ModelShape, critic: ModelShape | None, cases: lengths_mod.Cases,
+                 device: Device) -> list[str]:
+    """Does not fit: the changes that make it fit at typical lengths. Tight because the worst case does not fit:
+    the settings that make the worst case fit too (no more GPUs for a run that fits)."""
     usable = device.memory_bytes
-    over = {p.name for p in result.memory.phases if p.peak > TIGHT_ABOVE * usable}
+    decisive = result if result.verdict == NO or result.worst is None else result.worst
+    over = {p.name for p in decisive.memory.phases if p.peak > TIGHT_ABOVE * usable}
 
     def evaluate(work: Workload):
-        again = _evaluate(work, shape, critic, result.lengths, device)
-        over_again = {p.name for p in again.memory.phases if p.peak > TIGHT_ABOVE * usable}
-        return again.verdict, again.peak_bytes, again.memory.peak_phase.name, over_again
+        again = _judge(work, shape, critic, cases, device)
+        side = again if again.verdict == NO or again.worst is None else again.worst
+        over_again = {p.name for p in side.memory.phases if p.peak > TIGHT_ABOVE * usable}
+        shown = side if again.verdict == FITS else again  # the peak that decides: the worst case's once it fits
+        return again.verdict, shown.peak_bytes, side.memory.peak_phase.name, over_again
 
-    found = suggest(result.workload, evaluate, over, usable)
+    if result.verdict == NO:
+        found = suggest(result.workload, evaluate, over, usable)
+    else:
+        found = suggest(result.workload, evaluate, over, usable, goal=(FITS,), settings_only=True)
+        found = [line for line in found if not line.startswith("no change")]
     if found and found[0].startswith("no change tried here"):
         found = found[:1]
     work, lengths = result.workload, result.lengths
-    if work.padding_free and lengths.response >= work.max_response_length:
-        def fits_with(response: int) -> bool:
-            shorter = lengths_mod.Lengths(lengths.prompt, response, lengths.prompt_how, "")
-            return _evaluate(work, shape, critic, shorter, device).fits
-
-        longest = response_length_that_fits(work, fits_with, work.max_response_length)
-        if longest:
-            found.append(f"or plan for your data's response lengths: it fits while responses average at most "
-                         f"{longest} tokens (--response-length {longest})")
+    if result.verdict == NO and work.padding_free and result.safe_response_length:
+        longest = result.safe_response_length
+        found.append(f"or plan for your data's response lengths: it fits while responses average at most "
+                     f"{longest} tokens (--response-length {longest})")
     return found
 
 
@@ -269,7 +369,8 @@ def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = O
 
     local and docker runs are planned for this host's GPUs (or its memory, for a CPU run); a k8s run for --gpu-type
     (without it, a GPU run on a cluster is skipped: the cluster's GPUs are not known here). Lengths are the config's
-    limits (no data file is read: this stays fast)."""
+    typical and worst lengths of lengths.py (no data file is read: this stays fast). Refuses only "does not fit" (the
+    typical lengths do not fit); warns for "tight"."""
     from verl_deploy.launchers import CLUSTER_TARGETS
 
     if target in CLUSTER_TARGETS and not gpu_type and (runtime != OURS or (gpus and gpus.wanted)):
@@ -285,7 +386,7 @@ def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = O
     where = f"{result.device.name}" + ("" if result.device.is_cpu else f" x {result.workload.world}")
     if result.verdict == NO:
         best = result.suggestions[0] if result.suggestions else "a larger GPU or a smaller model"
-        advice = best if best.startswith("no change") else f"try {best}"
+        advice = best if best.startswith("no change") else f"cheapest fix: {best}"
         return Preflight(NO, f"the run does not fit on {where}: {result.reason}; {advice} "
                          "(`verl-deploy plan` shows every phase; --no-plan skips this check)", result)
     if result.verdict == TIGHT:

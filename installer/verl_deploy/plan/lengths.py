@@ -1,14 +1,21 @@
-"""The sequence lengths a plan assumes, and why.
+"""The sequence lengths a plan assumes, and why: a typical case (what a step usually holds) and the worst case (every
+response at the limit). Lengths are the main unknown of a plan, so both are planned (docs/plan.md, "Lengths").
 
 Padded micro-batches (our runtime) are as wide as their longest prompt plus data.max_response_length: the engines
-pad every response to max_response_length, and prompts are left-padded to the batch's longest. So the plan takes the
+pad every response to max_response_length, and prompts are left-padded to the batch's longest. So both cases take the
 longest prompt of the data file (tokenized with the model's tokenizer, when the file and the tokenizer are on this
-host), else data.max_prompt_length.
+host), else data.max_prompt_length, and the response limit.
 
 Padding-free micro-batches (verl's use_remove_padding, its default) hold the real tokens only, so their memory follows
-the mean lengths: the data file's mean prompt when it can be read, else max_prompt_length; and, unless told
-(--response-length), every response as long as data.max_response_length: a run's responses grow, and the step at
-which a long one arrives is where runs die. --prompt-length / --response-length give typical lengths instead.
+the mean lengths. Typical: the data file's mean prompt when it can be read, else TYPICAL_PROMPT x max_prompt_length;
+the mean response --response-length, else TYPICAL_RESPONSE x max_response_length. Worst: the data file's longest
+prompt (else the limit) and every response at max_response_length.
+
+The default fractions come from published runs' length curves: verl's own GSM8K log (docs/start/quickstart.rst:116 at
+volcengine/verl@b178a3c: prompt_length/mean 104.9 of max_prompt_length 512 = 0.20; the tuning scripts'
+GSM8K runs answer in ~240 of their 1024 response tokens = 0.23) and DAPO's training curve (arXiv:2503.14476, Fig. 7:
+the mean response grows from ~1,000 to ~4,500 tokens of a 20,480-token limit, 0.05 to 0.22). A quarter of each limit
+sits at the upper end of both: what a run usually holds, not its last and longest steps (the worst case covers those).
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SAMPLE_ROWS = 4000  # rows tokenized at most (evenly spread over the file): a few seconds for any tokenizer
+TYPICAL_PROMPT = 0.25  # of data.max_prompt_length, when the data file is not read (module docstring: the source)
+TYPICAL_RESPONSE = 0.25  # of data.max_response_length, without --response-length
 
 
 @dataclass(frozen=True)
@@ -41,33 +50,57 @@ class PromptStats:
     where: str
 
 
+@dataclass(frozen=True)
+class Cases:
+    typical: Lengths
+    worst: Lengths
+
+    @property
+    def same(self) -> bool:
+        return (self.typical.prompt, self.typical.response) == (self.worst.prompt, self.worst.response)
+
+
 def assume(padding_free: bool, max_prompt: int, max_response: int, stats: PromptStats | None,
-           prompt_length: int | None = None, response_length: int | None = None, why_not_read: str = "") -> Lengths:
-    """The lengths to plan for (see the module docstring)."""
-    if prompt_length is not None:
-        prompt, prompt_how = min(prompt_length, max_prompt), f"--prompt-length {prompt_length}"
-    elif stats is not None:
+           prompt_length: int | None = None, response_length: int | None = None, why_not_read: str = "") -> Cases:
+    """The typical and the worst lengths to plan for (see the module docstring)."""
+    sampled = ""
+    if stats is not None:
         sampled = f"{stats.rows:,} of {stats.of_rows:,} rows" if stats.rows < stats.of_rows else f"{stats.rows:,} rows"
-        if padding_free:
-            prompt = min(round(stats.mean), max_prompt)
-            prompt_how = f"mean prompt of {stats.where} ({sampled}; longest {stats.longest})"
-        else:
+    if not padding_free:
+        if prompt_length is not None:
+            prompt, prompt_how = min(prompt_length, max_prompt), f"--prompt-length {prompt_length}"
+        elif stats is not None:
             prompt = min(stats.longest, max_prompt)
             prompt_how = f"longest prompt of {stats.where} ({sampled}): prompts are left-padded to the batch's longest"
-    else:
-        prompt = max_prompt
-        prompt_how = "data.max_prompt_length" + (f" ({why_not_read})" if why_not_read else "")
-    if not padding_free:
-        response, response_how = max_response, "data.max_response_length: responses are padded to it"
+        else:
+            prompt = max_prompt
+            prompt_how = "data.max_prompt_length" + (f" ({why_not_read})" if why_not_read else "")
+        response_how = "data.max_response_length: responses are padded to it"
         if response_length is not None:
             response_how += f" (--response-length {response_length} does not shrink padded micro-batches)"
-    elif response_length is not None:
+        padded = Lengths(prompt, max_response, prompt_how, response_how)
+        return Cases(padded, padded)
+    if prompt_length is not None:
+        prompt = worst_prompt = min(prompt_length, max_prompt)
+        prompt_how = worst_how = f"--prompt-length {prompt_length}"
+    elif stats is not None:
+        prompt, worst_prompt = min(round(stats.mean), max_prompt), min(stats.longest, max_prompt)
+        prompt_how = f"mean prompt of {stats.where} ({sampled})"
+        worst_how = f"longest prompt of {stats.where}"
+    else:
+        prompt, worst_prompt = max(round(TYPICAL_PROMPT * max_prompt), 1), max_prompt
+        prompt_how = (f"{TYPICAL_PROMPT:g} x data.max_prompt_length, a typical mean"
+                      + (f" ({why_not_read})" if why_not_read else ""))
+        worst_how = "data.max_prompt_length"
+    if response_length is not None:
         response, response_how = min(response_length, max_response), f"--response-length {response_length}"
     else:
-        response = max_response
-        response_how = ("data.max_response_length: padding-free micro-batches hold the real tokens, and every "
-                        "response may reach the limit (--response-length N plans typical lengths)")
-    return Lengths(prompt, response, prompt_how, response_how)
+        response = max(round(TYPICAL_RESPONSE * max_response), 1)
+        response_how = (f"{TYPICAL_RESPONSE:g} x data.max_response_length, a typical mean (padding-free micro-batches "
+                        "hold the real tokens; --response-length N plans your data's)")
+    typical = Lengths(prompt, response, prompt_how, response_how)
+    worst = Lengths(worst_prompt, max_response, worst_how, "data.max_response_length: every response at the limit")
+    return Cases(typical, worst)
 
 
 def prompt_stats(files: list[str], tokenizer_folder: Path | None, hub_id: str | None, max_prompt: int,

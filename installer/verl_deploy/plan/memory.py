@@ -404,7 +404,7 @@ def _verl(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
 
     t, detail = tokens_of(work.micro_old_logprob, work.dynamic_tokens_infer, rows_share)
     live = t * layer_live(w, "pure")
-    vocab = 6 * t * shape.vocab  # logits, softmax and their product for the entropy
+    vocab = _verl_infer_logits(work, t, shape.vocab)
     phases.append(_phase("old log-probs", resident, detail, weights=reload, weight_copies=units,
                          activations=live if live > vocab else 0, logits=vocab if vocab >= live else 0))
     if work.use_ref:
@@ -429,10 +429,7 @@ def _verl(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
                              gradients=4 * Pc / world,
                              optimizer=8 * Pc / world if work.critic_optimizer_offload else 0, **moment))
     t, detail = tokens_of(work.micro_update, work.dynamic_tokens_update, mini_share)
-    if work.entropy_in_update:
-        vocab = 8 * t * shape.vocab  # logits, softmax, product, and the cross-entropy gradient (not in place)
-    else:
-        vocab = 2 * t * shape.vocab  # logits; flash-attn's cross-entropy writes its gradient into them
+    vocab = _verl_update_logits(work, t, shape.vocab)
     if work.offload_policy:
         update_states = {"weights": 0, "gradients": 0, "optimizer": 0}
     else:
@@ -446,6 +443,32 @@ def _verl(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         notes.append(f"LoRA rank {work.lora_rank}: {lora / 1e6:.1f}M adapter parameters train; the base stays frozen "
                      "(fp32 master copy, as verl's model_dtype)")
     return MemoryPlan(phases, host, notes, vllm_fails)
+
+
+def _verl_infer_logits(work: Workload, tokens: int, vocab: int) -> int:
+    """The old log-probs' vocabulary-wide tensors (no autograd; verl computes the entropy here,
+    ray_trainer.py:1300). The model's bf16 logits [tokens, vocab] (transformer_impl.py:1382); the entropy either at
+    once in bf16 (torch_functional.py:245-246: softmax, logsumexp's shifted copy, the product: 3 more) or, with
+    entropy_from_logits_with_chunking, over chunks of 2048 rows cast to fp32 (torch_functional.py:265-268: the copy,
+    its softmax and the product, 12 bytes per entry of one chunk). The log-prob itself, flash-attn's cross-entropy,
+    adds nothing vocabulary-wide."""
+    if work.entropy_chunking:
+        return 2 * tokens * vocab + 12 * min(work.entropy_chunk, tokens) * vocab
+    return 6 * tokens * vocab
+
+
+def _verl_update_logits(work: Workload, tokens: int, vocab: int) -> int:
+    """The update's vocabulary-wide tensors. Without entropy (entropy_coeff 0): the bf16 logits, into which
+    flash-attn's cross-entropy writes its gradient (inplace_backward, transformer_impl.py:1425-1431). With it: the
+    cross-entropy's gradient is a tensor of its own, and autograd keeps the entropy's softmax (torch_functional.py:245)
+    beside the logits; the backward adds the entropy's gradient: 8 bytes per entry (entropy_checkpointing recomputes
+    the softmax in the backward, where this peak is, so it saves nothing here). Chunked with autograd, every chunk's
+    fp32 copy and softmax are kept for the backward (torch_functional.py:265-266): 2 + 8 + 2 bytes per entry."""
+    if not work.entropy_in_update:
+        return 2 * tokens * vocab
+    if work.entropy_chunking:
+        return 12 * tokens * vocab
+    return 8 * tokens * vocab
 
 
 def _verl_train_moment(shape: ModelShape, w: Widths, tokens: int, checkpointing: bool, vocab: int, units: int,

@@ -60,8 +60,19 @@ def to_renderables(result: Plan) -> list:
             lines.append(Text(f"  {phase.name}: {phase.detail}", style="dim"))
     lines.append(Text(f"GPU: {device.source}" if not device.is_cpu else f"memory: {device.source}", style="dim"))
     lines.append(Text(f"model: {result.model.describe()}; {result.model.counted_by}", style="dim"))
-    lines.append(Text(f"lengths: prompt {result.lengths.prompt} tokens ({result.lengths.prompt_how}); response "
-                      f"{result.lengths.response} tokens ({result.lengths.response_how})", style="dim"))
+    lines.append(Text(f"lengths (typical, the table): prompt {result.lengths.prompt} tokens ({result.lengths.prompt_how}); "
+                      f"response {result.lengths.response} tokens ({result.lengths.response_how})", style="dim"))
+    if result.worst is not None:
+        worst = result.worst
+        lines.append(Text(f"worst case: prompt {worst.lengths.prompt}, response {worst.lengths.response} tokens "
+                          f"({worst.lengths.prompt_how}; {worst.lengths.response_how}): peak "
+                          f"{worst.peak_bytes / GiB:.1f} GiB ({worst.memory.peak_phase.name}), {worst.verdict}",
+                          style="dim"))
+    limited = {name: n for name, n in result.phase_limits.items() if n != w.max_response_length}
+    if limited and w.padding_free:
+        said = ", ".join(f"{name} {n if n is not None else 'never'}" for name, n in limited.items())
+        lines.append(Text(f"mean response (tokens) up to which each phase fits, at a {result.lengths.prompt}-token "
+                          f"prompt: {said}; the others fit up to the limit", style="dim"))
     for note in result.notes:
         lines.append(Text(f"note: {note}", style="dim"))
     verdict = Text()
@@ -69,7 +80,8 @@ def to_renderables(result: Plan) -> list:
     verdict.append(f": {result.reason}")
     lines.append(verdict)
     if result.suggestions:
-        lines.append(Text("to make it fit (cheapest first, each planned again):", style="bold"))
+        heading = "to make it fit" if result.verdict == NO else "to remove the risk"
+        lines.append(Text(f"{heading} (cheapest first, each planned again):", style="bold"))
         for line in result.suggestions:
             lines.append(Text(f"  - {line}", style="cyan"))
     return lines

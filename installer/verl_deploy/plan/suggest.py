@@ -1,9 +1,13 @@
-"""When a run does not fit: the changes that make it fit, cheapest in throughput first, each checked by planning again.
+"""When a run does not fit: the changes that make it fit, cheapest in throughput first, each checked by planning again
+and shown only when it changes the verdict.
 
-The order: smaller micro-batches (more passes, same maths), gradient checkpointing (one more forward), offloading
-states to host memory (transfers each step; verl), sharding the model over the GPUs (our runtime's actor.strategy),
-rollout tensor parallelism (verl), the rollout engine's memory share, more GPUs. Where no single change is enough,
-the same changes are stacked in that order until the plan fits.
+The order: settings first (verl's dynamic batching by a token budget, smaller micro-batches: more passes, same
+maths; chunked entropy; gradient checkpointing: one more forward; offloading states to host memory: transfers each
+step; sharding the model over the GPUs, our runtime's actor.strategy; vLLM for our rollout; the rollout engine's
+memory share), then tensor parallelism for verl's rollout, then more GPUs on the same node (up to 8), then more nodes,
+never more GPUs than the mini-batch has sequences. Where no single change is enough, the same changes are stacked in
+that order until the plan fits. For a tight run (the worst case does not fit) only the settings are tried: they
+remove the risk; more GPUs are not needed for a run that fits.
 """
 
 from __future__ import annotations
@@ -36,26 +40,39 @@ def _value(value: object) -> str:
 
 
 Evaluate = Callable[[Workload], "tuple[str, int, str, set[str]]"]  # -> (verdict, peak, peak phase, phases over budget)
-ORDER = ("_checkpointing", "_offload", "_offload_policy", "_sharding", "_vllm_rollout", "_rollout_tp", "_memory_share",
-         "_more_gpus")
+SETTINGS = ("_entropy_chunking", "_checkpointing", "_offload", "_offload_policy", "_sharding", "_vllm_rollout",
+            "_memory_share")
+ORDER = (*SETTINGS, "_rollout_tp", "_more_gpus")
+ANY_FIT = ("fits", "tight")
 
 
-def suggest(work: Workload, evaluate: Evaluate, over_budget: set[str], gpu_bytes: int) -> list[str]:
-    """One line per change that makes `work` fit, cheapest first. When none fits alone, the changes are stacked in
-    that order, each stack with the largest micro-batches that then fit, and the first stack that fits is one line;
-    when nothing does, one line names the phase that still does not fit with every change applied."""
+def suggest(work: Workload, evaluate: Evaluate, over_budget: set[str], gpu_bytes: int, goal: tuple = ANY_FIT,
+            settings_only: bool = False) -> list[str]:
+    """One line per change that brings `work` to a verdict in `goal`, cheapest first. When none does alone, the
+    changes are stacked in that order, each stack with the largest micro-batches that then fit, and the first stack
+    that fits is one line; when nothing does, one line names the phase that still does not fit with every change
+    applied."""
+    if goal != ANY_FIT:
+        judge = evaluate
+
+        def evaluate(candidate: Workload):  # a verdict short of the goal counts as not fitting
+            verdict, *rest = judge(candidate)
+            return (verdict if verdict in goal else "does not fit", *rest)
     found: list[str] = []
-    makers = [_micro_batches, *(globals()[name] for name in ORDER)]
+    names = SETTINGS if settings_only else ORDER
+    makers = [_dynamic_batches, _micro_batches, *(globals()[name] for name in names)]
     for make in makers:
+        if make is _more_gpus and found:
+            break  # a setting is enough: more GPUs are not offered for a run that fits on these
         alone = make(work, evaluate, over_budget)
         if alone is not None:
             verdict, peak, _, _ = evaluate(alone.workload)
-            if verdict != "does not fit":
+            if verdict in goal:
                 found.append(_line(alone, verdict, peak, gpu_bytes))
-    if found:
+    if found or settings_only:
         return found
     stack: Change | None = None
-    for make in makers[1:]:
+    for make in makers[2:]:
         current = stack.workload if stack else work
         change = make(current, evaluate, evaluate(current)[3])
         if change is None:
@@ -64,7 +81,7 @@ def suggest(work: Workload, evaluate: Evaluate, over_budget: set[str], gpu_bytes
         verdict, peak, _, over = evaluate(stack.workload)
         if verdict == "does not fit":
             micro = _micro_batches(stack.workload, evaluate, over)
-            if micro is not None and evaluate(micro.workload)[0] != "does not fit":
+            if micro is not None and evaluate(micro.workload)[0] in goal:
                 combined = _combine(stack, micro)
                 verdict, peak, _, _ = evaluate(combined.workload)
                 return ["together: " + _line(combined, verdict, peak, gpu_bytes)]
@@ -98,6 +115,38 @@ def _fits(evaluate: Evaluate, work: Workload) -> bool:
     return evaluate(work)[0] != "does not fit"
 
 
+def _dynamic_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
+    """verl's use_dynamic_bsz: micro-batches cut by a token budget per GPU instead of a count of sequences, so a
+    step of long responses makes more, smaller micro-batches (verl/utils/seqlen_balancing.py, rearrange_micro_batches).
+    The budget: verl's default (ppo_max_token_len_per_gpu 16384), halved until it fits, never below one sequence at
+    the limits."""
+    if work.runtime == OURS or work.dynamic_tokens_update is not None:
+        return None
+    longest = work.max_prompt_length + work.max_response_length
+    budget = 16384
+    best = None
+    for _ in range(6):
+        budget = max(budget, longest)
+        tokens = {"dynamic_tokens_update": budget, "dynamic_tokens_infer": budget, "dynamic_tokens_ref": budget}
+        if work.use_critic:
+            tokens["dynamic_tokens_critic"] = 2 * budget
+        settings = [(work.keys["use_dynamic_bsz"], True)]
+        if budget != 16384:
+            settings += [(work.keys["dynamic_tokens_update"], budget)]
+        best = Change(tuple(settings), work.with_(**tokens))
+        if _fits(evaluate, best.workload) or budget == longest:
+            return best
+        budget //= 2
+    return best
+
+
+def _entropy_chunking(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
+    """verl's entropy_from_logits_with_chunking: the old log-probs' entropy over 2048-row chunks (no autograd there)."""
+    if work.runtime == OURS or work.entropy_chunking or "old log-probs" not in over:
+        return None
+    return Change(((work.keys["entropy_chunking"], True),), work.with_(entropy_chunking=True))
+
+
 def _micro_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
     """Halve the micro-batches (or verl's token budgets) of the phases over budget until it fits or they are 1."""
     knobs = []
@@ -125,12 +174,15 @@ def _micro_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Change
                 if work.runtime == OURS:
                     value = _divisor_at_most(work.mini_batch_prompts * work.n, value)
                 changes[name] = value
-                settings.append((work.keys.get(name, name), value))
+                key = work.keys.get(name, name)
+                # verl's deprecated global keys (the run's own) count sequences over all GPUs / sp
+                shown = value if key.endswith("_per_gpu") or work.runtime == OURS else value * max(work.world // work.sp, 1)
+                settings.append((key, shown))
                 if name == "micro_critic":
                     changes["micro_values"] = value
         candidate = work.with_(**changes)
         best = Change(tuple(settings), candidate)
-        if _fits(evaluate, candidate) or all(v in (1, 256) for _, v in settings):
+        if _fits(evaluate, candidate) or all(v in (1, 256) for v in changes.values()):
             return best
     return best
 
@@ -238,6 +290,8 @@ def _more_gpus(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | N
             changes["actor_sharded"] = True
             changes["critic_sharded"] = work.use_critic
         candidate = work.with_(**changes)
+        if world > work.mini_batch_prompts * work.n * work.sp:
+            return None  # more GPUs than the mini-batch has sequences: the extra ones would idle
         if (work.mini_batch_prompts * work.n * work.sp) % world:
             continue  # the mini-batch must split evenly over the GPUs
         flags = f"--gpus {per_node}" + (f" --nodes {nodes}" if nodes > 1 else "")

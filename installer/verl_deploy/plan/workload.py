@@ -60,6 +60,9 @@ class Workload:
     critic_param_offload: bool = False
     critic_optimizer_offload: bool = False
     entropy_in_update: bool = True
+    entropy_chunking: bool = False  # verl entropy_from_logits_with_chunking: entropy over row chunks, in fp32
+    entropy_chunk: int = 2048  # verl entropy_from_logits_chunk_size
+    entropy_checkpointing: bool = False  # verl: the entropy recomputed in the backward
     lora_rank: int = 0
     lora_targets: Any = "all-linear"
     lora_exclude: tuple = ()
@@ -162,6 +165,9 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{_AR}.actor.ppo_micro_batch_size_per_gpu": None,
     f"{_AR}.actor.use_dynamic_bsz": False,
     f"{_AR}.actor.ppo_max_token_len_per_gpu": 16384,
+    f"{_AR}.actor.entropy_from_logits_with_chunking": False,
+    f"{_AR}.actor.entropy_from_logits_chunk_size": 2048,
+    f"{_AR}.actor.entropy_checkpointing": False,
     f"{_AR}.actor.ppo_epochs": 1,
     f"{_AR}.actor.use_kl_loss": False,
     f"{_AR}.actor.entropy_coeff": 0,
@@ -199,6 +205,11 @@ VERL_KEYS = {
     "micro_ref": f"{_AR}.ref.log_prob_micro_batch_size_per_gpu",
     "micro_critic": "critic.ppo_micro_batch_size_per_gpu",
     "dynamic_tokens_update": f"{_AR}.actor.ppo_max_token_len_per_gpu",
+    "dynamic_tokens_infer": f"{_AR}.rollout.log_prob_max_token_len_per_gpu",
+    "dynamic_tokens_ref": f"{_AR}.ref.log_prob_max_token_len_per_gpu",
+    "dynamic_tokens_critic": "critic.ppo_max_token_len_per_gpu",
+    "use_dynamic_bsz": f"{_AR}.actor.use_dynamic_bsz",
+    "entropy_chunking": f"{_AR}.actor.entropy_from_logits_with_chunking",
     "gradient_checkpointing": f"{_AR}.model.enable_gradient_checkpointing",
     "param_offload": f"{_AR}.actor.fsdp_config.param_offload",
     "optimizer_offload": f"{_AR}.actor.fsdp_config.optimizer_offload",
@@ -259,6 +270,7 @@ def from_verl(overrides, world: int, nodes: int) -> Workload:
         return bool(value)
 
     notes = []
+    global_keys: dict[str, str] = {}  # a per-GPU key -> the deprecated global one the run gave instead
     sp = int(number(f"{_AR}.actor.ulysses_sequence_parallel_size") or 1)
     dp = max(world // sp, 1)
     n = int(number(f"{_AR}.rollout.n"))
@@ -286,6 +298,7 @@ def from_verl(overrides, world: int, nodes: int) -> Workload:
         if per_gpu is not None:
             return int(per_gpu)
         if total is not None:
+            global_keys[f"{section}.{per_gpu_key}"] = f"{section}.{global_key}"
             notes.append(f"{section}.{global_key}={total} (deprecated, global) read as verl's FSDP workers read it: "
                          f"{total} // ({world} GPUs / sp {sp}) = {max(int(total) // dp, 1)} per GPU; verl 0.9.1's "
                          f"engine workers want {section}.{per_gpu_key}")
@@ -346,8 +359,12 @@ def from_verl(overrides, world: int, nodes: int) -> Workload:
         critic_param_offload=flag(f"{critic_key}.param_offload", False),
         critic_optimizer_offload=flag(f"{critic_key}.optimizer_offload", False),
         entropy_in_update=bool(number(f"{_AR}.actor.entropy_coeff") or 0) or flag(f"{_AR}.actor.calculate_entropy"),
+        entropy_chunking=flag(f"{_AR}.actor.entropy_from_logits_with_chunking"),
+        entropy_chunk=int(number(f"{_AR}.actor.entropy_from_logits_chunk_size")),
+        entropy_checkpointing=flag(f"{_AR}.actor.entropy_checkpointing"),
         lora_rank=lora_rank, lora_targets=targets, lora_exclude=tuple(exclude) if isinstance(exclude, list) else (),
-        max_num_seqs=int(number(f"{_AR}.rollout.max_num_seqs")), keys=dict(VERL_KEYS), notes=tuple(notes),
+        max_num_seqs=int(number(f"{_AR}.rollout.max_num_seqs")),
+        keys={name: global_keys.get(key, key) for name, key in VERL_KEYS.items()}, notes=tuple(notes),
     )
 
 
