@@ -114,7 +114,7 @@ def test_tight_says_up_to_which_mean_response_it_fits_and_what_removes_the_risk(
     assert doc["phase_response_limits"]["actor update"] == safe  # the phase that stops fitting first
     assert "use_dynamic_bsz=true" in doc["reason"] and "removes the risk" in doc["reason"]
     assert doc["suggestions"] and not [s for s in doc["suggestions"] if "--gpus" in s or "--nodes" in s]
-    assert doc["cheapest_fix"] == doc["suggestions"][0]
+    assert doc["suggestions"][0].startswith(doc["cheapest_fix"] + ": peak ")  # its settings, for the trainer
     # each suggestion, applied, is planned to fit with every response at the limit
     settings = [part.strip() for part in doc["suggestions"][0].split(": peak")[0].split(",")]
     code, fixed = plan_json(*args, *settings)
@@ -136,7 +136,7 @@ def test_a_run_that_does_not_fit_exits_1_with_suggestions_that_each_fit_when_pla
     dynamic, micro = doc["suggestions"][:2]  # the cheapest changes first: settings, the token budget first
     assert dynamic.startswith("actor_rollout_ref.actor.use_dynamic_bsz=true")
     assert micro.startswith("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=")
-    assert doc["cheapest_fix"] == dynamic
+    assert doc["cheapest_fix"] == "actor_rollout_ref.actor.use_dynamic_bsz=true"
     for line in (dynamic, micro):
         settings = [part.strip() for part in line.split(": peak")[0].split(",")]
         again, fixed = plan_json("--runtime", "verl", "--gpu-type", "H100", *long, "--", *too_big, *settings)

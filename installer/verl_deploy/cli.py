@@ -251,12 +251,12 @@ def plan(
     gpu_type: str = typer.Option(None, "--gpu-type", help="Plan for this GPU (gpu_types.yaml: H100, H200, A100-80GB, L40S, RTX-4090, ...) instead of this host's."),
     gpu_memory: str = typer.Option(None, "--gpu-memory", help="Plan for a GPU of this memory, e.g. 80g or 24GiB."),
     overrides: list[str] = typer.Option([], "--set", help="Config override key=value (repeatable)."),
-    prompt_length: int = typer.Option(None, "--prompt-length", help="Tokens per prompt to plan for (default: read from the data file, else data.max_prompt_length)."),
-    response_length: int = typer.Option(None, "--response-length", help="Mean response tokens, for padding-free micro-batches (default: data.max_response_length)."),
+    prompt_length: int = typer.Option(None, "--prompt-length", help="Tokens per prompt to plan for (default: the data file's, else a quarter of data.max_prompt_length typical and the limit worst; docs/plan.md)."),
+    response_length: int = typer.Option(None, "--response-length", help="Typical mean response tokens, for padding-free micro-batches (default: a quarter of data.max_response_length; the worst case is always the limit)."),
     json_output: bool = typer.Option(False, "--json", help="Print the plan as JSON (docs/plan.md)."),
 ) -> None:
     """Will it fit? The per-GPU memory of every phase of a step, the verdict, and changes that make it fit.
-    Exit 0 when it fits, 1 when it does not, 2 on bad input. See docs/plan.md."""
+    Exit 0 when it fits or is tight, 1 when it does not, 2 on bad input. See docs/plan.md."""
     from verl_deploy.launchers import LaunchError
     from verl_deploy.launchers.jobspec import gpus_of
     from verl_deploy.launchers.runplan import check_runtime, config_and_overrides

@@ -39,7 +39,10 @@ class Plan:
 
     @property
     def cheapest_fix(self) -> str | None:
-        return self.suggestions[0] if self.suggestions and not self.suggestions[0].startswith("no change") else None
+        """The first suggestion's settings and flags (what to change), or None."""
+        if not self.suggestions or self.suggestions[0].startswith(("no change", "or plan for")):
+            return None
+        return _settings_of(self.suggestions[0])
 
     @property
     def fits(self) -> bool:

@@ -449,7 +449,7 @@ def _verl_infer_logits(work: Workload, tokens: int, vocab: int) -> int:
     """The old log-probs' vocabulary-wide tensors (no autograd; verl computes the entropy here,
     ray_trainer.py:1300). The model's bf16 logits [tokens, vocab] (transformer_impl.py:1382); the entropy either at
     once in bf16 (torch_functional.py:245-246: softmax, logsumexp's shifted copy, the product: 3 more) or, with
-    entropy_from_logits_with_chunking, over chunks of 2048 rows cast to fp32 (torch_functional.py:265-268: the copy,
+    entropy_from_logits_with_chunking, over chunks of 2048 rows cast to fp32 (torch_functional.py:266-268: the copy,
     its softmax and the product, 12 bytes per entry of one chunk). The log-prob itself, flash-attn's cross-entropy,
     adds nothing vocabulary-wide."""
     if work.entropy_chunking:
@@ -463,7 +463,7 @@ def _verl_update_logits(work: Workload, tokens: int, vocab: int) -> int:
     cross-entropy's gradient is a tensor of its own, and autograd keeps the entropy's softmax (torch_functional.py:245)
     beside the logits; the backward adds the entropy's gradient: 8 bytes per entry (entropy_checkpointing recomputes
     the softmax in the backward, where this peak is, so it saves nothing here). Chunked with autograd, every chunk's
-    fp32 copy and softmax are kept for the backward (torch_functional.py:265-266): 2 + 8 + 2 bytes per entry."""
+    fp32 copy and softmax are kept for the backward (torch_functional.py:266-267): 2 + 8 + 2 bytes per entry."""
     if not work.entropy_in_update:
         return 2 * tokens * vocab
     if work.entropy_chunking:
