@@ -35,11 +35,18 @@ PLAN = {
 CUDA_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB"
 
 
+# Two steps, a checkpoint after each, nothing else written
+TWO_STEPS = ("trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.test_freq=0", "trainer.save_hf=false",
+             "trainer.tensorboard=false", "data.toy_size=64")
+
+
+def settings(*items: str) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
 def quickstart(run_dir: Path, *extra: str) -> list[str]:
-    """The quickstart, two steps, a checkpoint after each, into run_dir."""
-    return ["train", str(QUICKSTART), "--set", f"trainer.run_dir={run_dir}", "--set", "trainer.total_training_steps=2",
-            "--set", "trainer.save_freq=1", "--set", "trainer.test_freq=0", "--set", "trainer.save_hf=false",
-            "--set", "trainer.tensorboard=false", "--set", "data.toy_size=64", *(f"--set={item}" for item in extra)]
+    """`python -m verl_runtime`'s arguments: the quickstart, TWO_STEPS, into run_dir."""
+    return ["train", str(QUICKSTART), *settings(f"trainer.run_dir={run_dir}", *TWO_STEPS, *extra)]
 
 
 def out_of_cuda_memory(module, inputs, output):
@@ -101,11 +108,9 @@ def test_a_direct_run_without_a_plan_says_how_to_get_a_figure(tmp_path, monkeypa
                          "continues from it"), line
 
 
-@pytest.mark.slow
-def test_the_cli_on_ray_workers_says_the_same_line(tmp_path):
-    """`python -m verl_runtime train` on two Ray workers: the error arises in a worker process (a sitecustomize.py
-    injects it there), crosses Ray, and ends the run in the same one line, exit 2, no traceback."""
-    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent('''
+# A sitecustomize.py on PYTHONPATH: in every Python process it starts (Ray workers too), the actor's model forward
+# raises CUDA's out-of-memory error from the actor's second update on.
+INJECTION = textwrap.dedent('''
         import functools, importlib.abc, importlib.util, sys
 
         class InjectOutOfMemory(importlib.abc.MetaPathFinder):
@@ -136,7 +141,19 @@ def test_the_cli_on_ray_workers_says_the_same_line(tmp_path):
                 return spec
 
         sys.meta_path.insert(0, InjectOutOfMemory())
-    '''))
+''')
+
+
+def write_injection(directory: Path) -> Path:
+    (directory / "sitecustomize.py").write_text(INJECTION)
+    return directory
+
+
+@pytest.mark.slow
+def test_the_cli_on_ray_workers_says_the_same_line(tmp_path):
+    """`python -m verl_runtime train` on two Ray workers: the error arises in a worker process (a sitecustomize.py
+    injects it there), crosses Ray, and ends the run in the same one line, exit 2, no traceback."""
+    write_injection(tmp_path)
     run = tmp_path / "ray-run"
     env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}", oom.PLAN_ENV: json.dumps(PLAN)}
     done = subprocess.run([sys.executable, "-m", "verl_runtime", *quickstart(run, "trainer.n_workers=2")],
@@ -222,3 +239,24 @@ def test_a_vllm_engine_without_room_for_its_kv_cache_stops_the_cli_in_one_line(t
                         r"CONFIG` gives one\): set rollout\.gpu_memory_utilization=0\.[46] .*; no checkpoint was "
                         r"written yet: the same command with --set rollout\.gpu_memory_utilization=0\.[46] starts it "
                         r"again", line), line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["local", "slurm"])
+def test_status_shows_the_line(target, tmp_path):
+    """`verl-deploy status RUN` of a run that ran out of memory says the trainer's own line."""
+    from launch_support import cli
+
+    if target == "slurm":
+        from test_slurm import _slurm_up
+
+        require(_slurm_up(), "no Slurm controller with a usable node here (.ci/slurm.sh starts one)")
+    runs = tmp_path / "runs"
+    result = cli("run", QUICKSTART, "--target", target, "--runs-dir", runs, "--run-id", f"oom-{target}", "--no-plan",
+                 "--memory", "2g", "--env", f"PYTHONPATH={write_injection(tmp_path)}", *settings(*TWO_STEPS))
+    assert result.exit_code != 0, result.output
+    status = json.loads(cli("status", f"oom-{target}", "--runs-dir", runs, "--json").stdout)
+    assert status["state"] == "failed" and status["exit_code"] == EXIT_USER_ERROR, status
+    assert re.fullmatch(r"error: out of memory in the actor update of step 2 \(micro-batch 32 x \d+ tokens; no plan "
+                        r"figure: .*checkpoint step 1 is kept: verl-deploy run --resume oom-" + target + r" --set .*",
+                        status["detail"]), status["detail"]

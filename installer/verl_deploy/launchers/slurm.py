@@ -376,6 +376,8 @@ class SlurmLauncher:
         ended = _job_exit(run_dir)
         if ended.get("job_id") == job:
             code = int(ended["exit_code"])
+            if code:  # the trainer's own last line says why, where it said one (train.log in the run directory)
+                detail = runs.last_error(run_dir) or detail
             if record.get("exit_code") != code:
                 runs.record_finished(run_dir, code, detail)
             return runs.run_status(run_dir, self.target, runs.state_of(code, bool(record.get("stop_asked_at"))),
