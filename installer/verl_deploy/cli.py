@@ -140,6 +140,8 @@ def run(
     account: str = typer.Option(None, "--account", help="slurm: the account the job is charged to."),
     time_limit: str = typer.Option(None, "--time", help="slurm: the job's time limit, e.g. 4:00:00 or 2-00:00:00."),
     container: str = typer.Option(None, "--container", help="slurm: how nodes run the trainer: none (this venv, on shared storage) | docker | apptainer | pyxis (default: none; docs/slurm.md)."),
+    verl_source: str = typer.Option(None, "--verl-source", help="With --runtime verl: train your own verl (a fork, a repository vendoring verl/, git+https://...@REV or a pip requirement) in its image, built from it (docs/verl.md)."),
+    entry: str = typer.Option(None, "--entry", help="With --runtime verl: what trains instead of -m verl.trainer.main_ppo: a module (-m recipe.dapo.main_dapo) or a script of the --verl-source (recipe/dapo/main_dapo.py)."),
 ) -> None:
     """Train with CONFIG on this host (local), in a container (docker) or on a cluster (k8s, slurm)."""
     import dataclasses
@@ -148,10 +150,18 @@ def run(
     from verl_deploy.launchers import LaunchError, ensure_default_image, get_launcher
     from verl_deploy.launchers.runplan import RunRequest, plan_run
 
+    from verl_deploy.verl_source import SourceError
+
     root = runs_dir or runs.default_runs_root()
+    source = source_variant = source_image = None
+    if verl_source:
+        try:
+            source, source_variant, source_image = _source_image(verl_source, variant, target, gpus)
+        except SourceError as exc:
+            raise _launch_error(exc) from None
     request = RunRequest(
-        args=tuple(args or ()), settings=tuple(overrides), target=target, gpus=gpus, nodes=nodes, image=image,
-        variant=variant, runtime=runtime, env=tuple(env), cpus=cpus, memory=memory, shm_size=shm_size,
+        args=tuple(args or ()), settings=tuple(overrides), target=target, gpus=gpus, nodes=nodes,
+        image=image or source_image, variant=None if verl_source else variant, runtime=runtime, env=tuple(env), cpus=cpus, memory=memory, shm_size=shm_size,
         ipc_host=ipc_host, data=data, hf_cache=hf_cache, data_size=data_size, storage_class=storage_class,
         namespace=namespace, node_selector=tuple(node_selector), gpu_type=gpu_type, priority_class=priority_class,
         service_account=service_account, image_pull_secrets=tuple(image_pull_secret),
@@ -166,6 +176,9 @@ def run(
         if not no_plan:
             spec = _preflight(spec, planned.target)
         launcher = get_launcher(planned.target, root, spec.namespace, slurm=planned.slurm)
+        if source or entry or (resume and spec.upstream):
+            build = source is not None and image is None and planned.target == "docker" and not dry_run
+            spec = _with_verl_source(spec, source, source_variant, entry, build, bool(resume))
         if planned.build_image:  # only once the config and flags are known to be good: a build takes minutes
             spec = dataclasses.replace(spec, image=ensure_default_image(planned.variant, spec.runtime))
         if spec.upstream:
@@ -219,6 +232,47 @@ def _warn_if_stale(image: str) -> None:
         typer.echo(line, err=True)
 
 
+def _source_image(src: str, variant: str | None, target: str | None, gpus: str | None):
+    """--verl-source resolved, with the variant its pins run on (a cluster's GPU nodes: the newest CUDA that runs
+    them) and the tag of its image; before the run is planned, so that the plan names that image."""
+    from verl_deploy.images.context import source_tag
+    from verl_deploy.launchers import CLUSTER_TARGETS
+    from verl_deploy.verl_source import choose_pins, resolve
+
+    source = resolve(src)
+    cluster = target in CLUSTER_TARGETS and gpus not in (None, "0")
+    name = choose_pins(source, variant or "auto", cluster_gpus=cluster).variant.name
+    return source, name, source_tag(source, name)
+
+
+def _with_verl_source(spec, source, variant: str | None, entry: str | None, build: bool, resumed: bool):
+    """The run with --verl-source (its image built from the source first when `build`: docker, no --image, not a
+    dry run) and --entry (the trainer's command); a resumed run keeps the ones it was started with (launch.json)."""
+    import dataclasses
+
+    from verl_deploy import images, runs
+    from verl_deploy.launchers import LaunchError
+    from verl_deploy.launchers.jobspec import command_of
+    from verl_deploy.launchers.verl_command import entry_command
+
+    if not spec.upstream:
+        raise LaunchError("--verl-source and --entry are upstream verl's: add --runtime verl")
+    record = runs.read_record(spec.run_dir) if resumed else {}
+    trainer, labels = tuple(record.get("trainer") or ()), dict(record.get("verl_source") or {})
+    if source is not None:
+        labels = {key.removeprefix("verl-deploy."): value for key, value in source.labels().items()}
+        spec = dataclasses.replace(spec, variant=variant)
+        if build:
+            try:
+                spec = dataclasses.replace(spec, image=images.ensure_source(source, variant))
+            except images.ImageError as exc:
+                raise LaunchError(str(exc)) from None
+    if entry:
+        trainer = entry_command(entry, source.root if source else None)
+    spec = dataclasses.replace(spec, trainer=trainer, verl_source=labels)
+    return dataclasses.replace(spec, command=command_of(spec))
+
+
 def _check_with_verl(spec) -> None:
     """The overrides composed by verl's own config in its image (main_ppo --cfg job), when the image is on this
     host; LaunchError with Hydra's message as one line. Where the image is not here (a cluster's, one to pull),
@@ -237,7 +291,7 @@ def _check_with_verl(spec) -> None:
         return
     typer.echo(f"checking the overrides with verl's config in {spec.image} (main_ppo --cfg job, validate_config)",
                err=True)
-    upstream.check_in_image(engine, spec.image, list(spec.command.args))
+    upstream.check_in_image(engine, spec.image, list(spec.command.args), spec.trainer[1:])
 
 
 @app.command()
@@ -309,6 +363,8 @@ def status(
     code = "" if found.exit_code is None else f" (exit {found.exit_code})"
     typer.echo(f"{found.run_id}  {found.target}  {found.state}{code}  {found.progress}")
     typer.echo(f"  run dir: {found.run_dir}")
+    if line := _verl_source_line(found.run_dir):
+        typer.echo(f"  {line}")
     if found.checkpoints:
         typer.echo(f"  checkpoints: {', '.join(found.checkpoints)}")
     then = "a resume passes over it" if found.checkpoints else "no checkpoint is left to resume from"
@@ -316,6 +372,18 @@ def status(
         typer.echo(f"  warning: checkpoint {name} is unusable ({why}): {then}")
     if found.detail:
         typer.echo(f"  {found.detail}")
+
+
+def _verl_source_line(run_dir) -> str | None:
+    """What a --verl-source run trains (launch.json): the source, its commit and whether it had uncommitted edits."""
+    from verl_deploy import runs
+
+    source = runs.read_record(Path(run_dir)).get("verl_source") if run_dir else None
+    if not source:
+        return None
+    commit = (source.get("verl-source-commit") or "no commit")[:12]
+    dirty = ", with uncommitted changes" if source.get("verl-source-dirty") == "true" else ""
+    return f"verl source: {source.get('verl-source')} @ {commit}{dirty}"
 
 
 @app.command()
@@ -520,6 +588,20 @@ app.add_typer(images_app, name="images")
 _VARIANT_OPTION = typer.Option("auto", "--variant", help="A variant of docker/variants.yaml (`images list` shows them) or auto: what this host runs best.")
 _REGISTRY_OPTION = typer.Option(None, "--registry", help="Registry host[:port] the tag is for, e.g. 127.0.0.1:5000.")
 _RUNTIME_OPTION = typer.Option(DEFAULT_RUNTIME, "--runtime", help="What trains in the image: verl-deploy (this project's runtime) or verl (upstream verl and its main_ppo; `images list` shows the versions).")
+_VERL_SOURCE_OPTION = typer.Option(None, "--verl-source", help="With --runtime verl: your own verl, a folder (a fork, or a repository vendoring verl/), git+https://HOST/REPO.git@REV or a pip requirement (verl==0.8.0); its declared pins choose the image (docs/verl.md).")
+
+
+def _verl_source(src: str | None):
+    """--verl-source resolved (verl_source.resolve), or None; its one-line refusal as exit 2."""
+    if src is None:
+        return None
+    from verl_deploy.verl_source import SourceError, resolve
+
+    try:
+        return resolve(src)
+    except SourceError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _image_error(exc: Exception) -> typer.Exit:
@@ -549,6 +631,7 @@ def images_build(
     push: bool = typer.Option(False, "--push", help="Push the image when built."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Rebuild every layer."),
     runtime: str = _RUNTIME_OPTION,
+    verl_source: str = _VERL_SOURCE_OPTION,
 ) -> None:
     """Build a variant's image (the trainer runtime on torch) through the Docker engine."""
     from rich.console import Console
@@ -556,16 +639,25 @@ def images_build(
     from verl_deploy import images
     from verl_deploy.images.build import build
     from verl_deploy.images.registry import digest_in, push as push_image
+    from verl_deploy.verl_source import SourceError
 
     console = Console(highlight=False, soft_wrap=True)
+    source = _verl_source(verl_source)
     try:
         opts, notes = images.plan_build(
             variant, base_image=base_image, tag=tag, registry=registry, pip_index_url=pip_index_url,
             pip_extra_index_urls=tuple(pip_extra_index_url), torch_index_url=torch_index_url, wheelhouse=wheelhouse,
             ca_bundle=ca_bundle, keep_ca_bundle=keep_ca_bundle, no_cache=no_cache, runtime_name=runtime,
+            verl_source=source,
         )
+    except SourceError as exc:  # no catalogued variant runs its pins: refused before building
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except images.ImageError as exc:
+        raise _image_error(exc) from None
+    try:
         for note in notes:
-            console.print(note)
+            console.print(note, markup=False)
         built = build(opts, console)
         console.print(f"built {built.tag} ({built.size / 1e9:.2f} GB, {built.seconds:.0f} s)")
         if push:

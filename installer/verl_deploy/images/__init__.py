@@ -16,7 +16,7 @@ from rich.console import Console
 from verl_deploy import host_facts
 from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_deploy.images.context import (
-    BuildOptions, ImageError, build_defaults, host_ca_bundle, image_tag, runtime, variant,
+    BuildOptions, ImageError, build_defaults, host_ca_bundle, image_tag, runtime, source_tag, variant,
 )
 
 __all__ = ["BuildOptions", "ImageError", "ensure", "image_tag", "plan_build", "pull_ref", "resolve_variant"]
@@ -49,12 +49,28 @@ def plan_build(
     no_cache: bool = False,
     env: dict[str, str] | None = None,
     runtime_name: str = DEFAULT_RUNTIME,
+    verl_source=None,
 ) -> tuple[BuildOptions, list[str]]:
-    """The options of one build and notes for the user (which CA bundle, which variant `auto` chose)."""
+    """The options of one build and notes for the user (which CA bundle, which variant `auto` chose). verl_source: a
+    resolved verl_source.VerlSource (`--runtime verl --verl-source SRC`): the variant and pins are chosen for it
+    (verl_source.SourceError, one line, where no catalogued variant runs its declared pins)."""
     notes = []
     env = os.environ if env is None else env
-    name = resolve_variant(variant_name, runtime_name)
-    if variant_name == "auto":
+    pins = None
+    if verl_source is not None:
+        from verl_deploy.verl_source import choose_pins
+
+        if runtime_name != "verl":
+            raise ImageError("--verl-source is the verl runtime's: add --runtime verl")
+        pins = choose_pins(verl_source, variant_name)
+        name = pins.variant.name
+        notes.append(f"verl source {verl_source.location} (commit {(verl_source.commit or 'none')[:12]}"
+                     f"{', with uncommitted changes' if verl_source.dirty else ''}): variant {name}, torch {pins.torch}"
+                     + (f", vLLM {pins.vllm}" if pins.vllm else "") + f", transformers {pins.transformers or 'unpinned'}"
+                     + f" (from {', '.join(verl_source.declared_in) or 'no declared dependencies'})")
+    else:
+        name = resolve_variant(variant_name, runtime_name)
+    if variant_name == "auto" and pins is None:
         notes.append(f"variant auto: {name} (what this host's driver and GPUs run best)")
     # This host's pip settings carry over into the build unless told otherwise: mirrors, then the CA bundle.
     if pip_index_url is None and env.get("PIP_INDEX_URL"):
@@ -68,8 +84,8 @@ def plan_build(
         notes.append(f"using this host's CA bundle {found[0]} (from {found[1]}) for pip inside the build; "
                      f"it stays out of the image{'' if keep_ca_bundle else ' (--keep-ca-bundle keeps it)'}")
     opts = BuildOptions(
-        variant=variant(name, runtime_name),
-        tag=tag or image_tag(name, registry, runtime_name),
+        variant=pins.variant if pins else variant(name, runtime_name),
+        tag=tag or (source_tag(verl_source, name, registry) if pins else image_tag(name, registry, runtime_name)),
         base_image=base_image or build_defaults()["base_image"],
         pip_index_url=pip_index_url,
         pip_extra_index_urls=tuple(pip_extra_index_urls),
@@ -78,6 +94,8 @@ def plan_build(
         ca_bundle=ca_bundle,
         keep_ca_bundle=keep_ca_bundle,
         no_cache=no_cache,
+        source=verl_source,
+        pins=pins,
     )
     return opts, notes
 
@@ -118,4 +136,31 @@ def ensure(variant_name: str, console: Console | None = None, runtime_name: str 
     for note in notes:
         console.print(note)
     console.print(f"{tag} is not on this host: building it (once)")
+    return build(opts, console).tag
+
+
+def ensure_source(verl_source, variant_name: str = "auto", console: Console | None = None, build_it: bool = True) -> str:
+    """The tag of a --verl-source image for this source as it is now (its commit and edit: the labels), built first
+    when this host has none or one of another edit (the dependency layers come from the cache: seconds). With
+    build_it False (a dry run, a cluster target) only the tag."""
+    from verl_deploy.images.stale import local_labels
+
+    opts, notes = plan_build(variant_name, runtime_name="verl", verl_source=verl_source)
+    if not build_it:
+        return opts.tag
+    labels = local_labels(opts.tag) or {}
+    wanted = verl_source.labels()
+    if all(labels.get(key) == value for key, value in wanted.items()):
+        return opts.tag
+    if not opts.variant.is_cpu and not host_facts.read().has_gpu:
+        raise ImageError(f"{opts.tag} is a CUDA image ({opts.variant.name}) and this host has no NVIDIA GPU: build it "
+                         f"on purpose first: verl-deploy images build --runtime verl --verl-source {verl_source.given} "
+                         f"--variant {opts.variant.name}")
+    from verl_deploy.images.build import build
+
+    console = console or Console(stderr=True)
+    for note in notes:
+        console.print(note, markup=False)
+    console.print(f"{opts.tag} is {'of another edit of the source' if labels else 'not on this host'}: building it",
+                  markup=False)
     return build(opts, console).tag

@@ -43,6 +43,10 @@ class BuildOptions:
     ca_bundle: Path | None = None
     keep_ca_bundle: bool = False
     no_cache: bool = False
+    # --verl-source: the user's verl (verl_source.VerlSource) and the pins chosen for it (verl_source.Pins); the
+    # variant is then pins.variant, built from docker/verl-source.Dockerfile.
+    source: Any = None
+    pins: Any = None
 
 
 @lru_cache(maxsize=1)
@@ -87,6 +91,17 @@ def image_tag(variant_name: str, registry: str | None = None, runtime_name: str 
 def dockerfile(v: compat.Variant) -> Path:
     """The Dockerfile of a variant's runtime (docker/Dockerfile for verl-deploy's own)."""
     return DOCKER_DIR / runtime(v.runtime).dockerfile
+
+
+SOURCE_DOCKERFILE = DOCKER_DIR / "verl-source.Dockerfile"  # --verl-source images
+SOURCE_TAG_PREFIX = "verl-src-"
+
+
+def source_tag(source, variant_name: str, registry: str | None = None) -> str:
+    """The tag of a --verl-source image: [REGISTRY/]verl-deploy:verl-src-<source name>-<variant>; one per source and
+    variant, its commit and edit in its labels (verl_source.VerlSource.labels)."""
+    name = f"{build_defaults()['repository']}:{SOURCE_TAG_PREFIX}{source.slug}-{variant_name}"
+    return f"{registry.rstrip('/')}/{name}" if registry else name
 
 
 def host_ca_bundle(env: dict[str, str] | None = None) -> tuple[Path, str] | None:
@@ -164,6 +179,24 @@ def build_args(opts: BuildOptions) -> dict[str, str]:
         "RUNTIME_SOURCE": runtime_source() if v.runtime == compat.DEFAULT_RUNTIME else "",
         "NVIDIA_VISIBLE_DEVICES": "void" if v.is_cpu else "all",
         "NVIDIA_REQUIRE_CUDA": nvidia_require_cuda(v),
+        **(source_build_args(opts) if opts.source is not None else {}),
+    }
+
+
+def source_build_args(opts: BuildOptions) -> dict[str, str]:
+    """A --verl-source image's ARGs: the pins chosen for the source (the dependency layers' key) and its labels."""
+    source, pins = opts.source, opts.pins
+    labels = source.labels()
+    return {
+        "RUNTIME": "verl",
+        "RUNTIME_PACKAGES": " ".join(pins.packages),
+        "RUNTIME_VERSION": source.version or "unknown",
+        "TRANSFORMERS_VERSION": pins.transformers or "",
+        "SOURCE_PYTHONPATH": source.pythonpath,
+        "VERL_SOURCE": labels["verl-deploy.verl-source"],
+        "VERL_SOURCE_COMMIT": labels["verl-deploy.verl-source-commit"],
+        "VERL_SOURCE_DIRTY": labels["verl-deploy.verl-source-dirty"],
+        "VERL_SOURCE_DIGEST": labels["verl-deploy.verl-source-digest"],
     }
 
 
@@ -233,7 +266,8 @@ def tree(root: Path) -> list[Path]:
 
 def context_members(opts: BuildOptions) -> dict[str, Path | bytes]:
     """Every file of the build context: archive name -> a file on disk or the content itself."""
-    members: dict[str, Path | bytes] = {"Dockerfile": dockerfile(opts.variant)}
+    members: dict[str, Path | bytes] = {
+        "Dockerfile": SOURCE_DOCKERFILE if opts.source is not None else dockerfile(opts.variant)}
     for name, source in project_sources().items():
         if source.is_file():
             members[name] = source
@@ -248,6 +282,10 @@ def context_members(opts: BuildOptions) -> dict[str, Path | bytes]:
     if opts.wheelhouse:
         for wheel in sorted(opts.wheelhouse.glob("*.whl")):
             members[f"extras/wheelhouse/{wheel.name}"] = wheel
+    if opts.source is not None:
+        from verl_deploy.verl_source import source_files
+
+        members.update((f"source/{name}", file) for name, file in source_files(opts.source.root).items())
     return members
 
 

@@ -21,6 +21,7 @@ class LocalImage:
     size: int
     created: str
     stale: str | None = None  # why it would train other code than this CLI's (images/stale.py)
+    source: dict | None = None  # a --verl-source image's labels (verl-deploy.verl-source, its commit, the pins)
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ def _key(runtime: str, variant: str) -> str:
     return variant if runtime == compat.DEFAULT_RUNTIME else f"{runtime}/{variant}"
 
 
+SOURCES = "--verl-source"  # local_images' key of the images built from a user's verl
+
+
 def local_images() -> dict[str, list[LocalImage]]:
     """This host's verl-deploy images by variant (another runtime's: "runtime/variant"), newest first."""
     found: dict[str, list[LocalImage]] = {}
@@ -52,14 +56,16 @@ def local_images() -> dict[str, list[LocalImage]]:
         name = _key(labels.get("verl-deploy.runtime") or compat.DEFAULT_RUNTIME, labels.get("verl-deploy.variant", ""))
         created = datetime.fromtimestamp(image["Created"]).strftime("%Y-%m-%d %H:%M")
         tags = tuple(t for t in image.get("RepoTags") or () if t != "<none>:<none>")
-        if tags:
+        if tags and labels.get("verl-deploy.verl-source"):  # the user's verl: rows of their own (source_rows)
+            found.setdefault(SOURCES, []).append(LocalImage(tags, image["Size"], created, None, labels))
+        elif tags:
             found.setdefault(name, []).append(LocalImage(tags, image["Size"], created, stale_reason(labels)))
     for images in found.values():
         images.sort(key=lambda i: i.created, reverse=True)
     return found
 
 
-def table(found: list[Row], engine_note: str = "") -> Table:
+def table(found: list[Row], engine_note: str = "", sources: list[LocalImage] | None = None) -> Table:
     """One row per variant. `image` is the tag `run` and `smoke` start (the one `images build` makes); other local
     tags of the variant (a registry's, a --tag of your own) follow it, dimmed."""
     out = Table(title="verl-deploy image variants", caption=engine_note or None)
@@ -83,7 +89,26 @@ def table(found: list[Row], engine_note: str = "") -> Table:
             image.created if image else "",
             runs,
         )
+    for image in sources or ():
+        add_source_row(out, image)
     return out
+
+
+def add_source_row(out: Table, image: LocalImage) -> None:
+    """A --verl-source image: its variant, its pins, the source (path or URL, commit, uncommitted changes)."""
+    labels = image.source or {}
+    pins = f"{labels.get('verl-deploy.cuda') if labels.get('verl-deploy.cuda') not in (None, '', 'none') else 'cpu'}"
+    pins += f" / {labels.get('verl-deploy.torch', '')}"
+    pins += f" + vLLM {labels['verl-deploy.vllm']}" if labels.get("verl-deploy.vllm") else ""
+    pins += f"\ntransformers {labels['verl-deploy.transformers']}" if labels.get("verl-deploy.transformers") else ""
+    commit = (labels.get("verl-deploy.verl-source-commit") or "no commit")[:12]
+    dirty = " [yellow](uncommitted changes)[/]" if labels.get("verl-deploy.verl-source-dirty") == "true" else ""
+    out.add_row(
+        f"{labels.get('verl-deploy.variant', '')}\n[dim]--verl-source[/]", pins,
+        f"{escape(image.tags[0])}\n[dim]{escape(labels.get('verl-deploy.verl-source', ''))} @ {commit}[/]{dirty}"
+        + (f"\n[dim]verl {escape(labels.get('verl-deploy.runtime-version', ''))}[/]"),
+        f"{image.size / 1e9:.2f} GB", image.created, "",
+    )
 
 
 def _hint(v: compat.Variant) -> str:
@@ -95,8 +120,9 @@ def _runtime_note(v: compat.Variant) -> str:
     return "" if runtime.is_default else f"\n{runtime.name} {runtime.version}"
 
 
-def list_variants() -> tuple[list[Row], str]:
-    """The rows for this host and a note when the engine could not be asked for local images."""
+def list_variants() -> tuple[list[Row], str, list[LocalImage]]:
+    """The rows for this host, a note when the engine could not be asked for local images, and the images built
+    from a --verl-source."""
     local: dict[str, Any] = {}
     note = ""
     try:
@@ -104,4 +130,4 @@ def list_variants() -> tuple[list[Row], str]:
     except ImageError as exc:
         note = str(exc)
     host = host_facts.read()
-    return rows(host.driver, host.capabilities, local), note
+    return rows(host.driver, host.capabilities, local), note, local.get(SOURCES, [])

@@ -15,6 +15,8 @@ def stale_reason(labels: dict[str, str]) -> str | None:
     """Why an image with these labels is stale, or None (not ours, or current)."""
     if "verl-deploy.variant" not in labels:
         return None  # not one of our images: nothing to compare
+    if labels.get("verl-deploy.verl-source"):
+        return None  # a --verl-source image trains the user's verl: `run --verl-source` compares its source itself
     name = labels.get("verl-deploy.runtime") or compat.DEFAULT_RUNTIME
     try:
         expected = runtime_version(runtime(name).name)

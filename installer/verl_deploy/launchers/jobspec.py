@@ -165,6 +165,10 @@ class JobSpec:
     cluster: ClusterOptions = ClusterOptions()
     command: Command = Command()  # build_spec's (command_of); empty for a Job that does not train (an export)
     launch_flags: dict = field(default_factory=dict)  # the flags `--resume` restores, as given (runplan.RESUMED_FLAGS)
+    # Upstream verl: the trainer's command when not the runtime's main_ppo (--entry: a recipe module, a script of a
+    # --verl-source), and that source's labels (path or URL, commit, dirty), which launch.json and `status` keep.
+    trainer: tuple[str, ...] = ()
+    verl_source: dict = field(default_factory=dict)
 
     def record(self) -> dict:
         """What launch.json keeps of the spec, so that `--resume` starts the run again as it was (secrets by
@@ -176,6 +180,8 @@ class JobSpec:
             "variant": self.variant, "namespace": self.namespace, "secrets": list(self.secrets),
             "owner": f"{os.getuid()}:{os.getgid()}", "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "flags": dict(self.launch_flags),
+            **({"trainer": list(self.trainer)} if self.trainer else {}),
+            **({"verl_source": dict(self.verl_source)} if self.verl_source else {}),
         }
 
     @property
@@ -426,7 +432,7 @@ def command_of(spec: JobSpec) -> Command:
     verl's: its trainer with main_ppo's arguments (verl_command), run under its secret-file loader."""
     if spec.upstream:
         args = tuple(verl_command.trainer_args(spec.overrides, spec.gpus.number or 0, spec.nodes, spec.container_run_dir))
-        entry_args = (*compat.load_runtimes()[spec.runtime].trainer, *args)
+        entry_args = (*(spec.trainer or compat.load_runtimes()[spec.runtime].trainer), *args)
         loader = verl_command.SECRETS_ENTRY
         return Command(args=args, entry_args=entry_args, shell=(*loader, *entry_args), secrets_loader=loader)
 

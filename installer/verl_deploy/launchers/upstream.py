@@ -32,14 +32,18 @@ _NOISE = re.compile(r"^((WARNING|INFO|DEBUG):|Set the environment variable HYDRA
 # config, then printing it), then the validation main_ppo does before it starts Ray (verl.utils.config's
 # validate_config: batch sizes against the GPUs, the micro batch sizes it needs), so that a run that would stop in
 # its first seconds stops here. Hydra's and verl's message go to stderr; the exit code says which failed.
+# VERL_DEPLOY_ENTRY (JSON, a --verl-source run's --entry: `-m recipe.X.main_Y` or a script of the source) is
+# composed in place of main_ppo, by its own Hydra config; verl's validation is main_ppo's, so it follows only that.
 CHECK = """
-import subprocess, sys
-composed = subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *sys.argv[1:], "--cfg", "job"],
-                          capture_output=True, text=True)
+import json, os, subprocess, sys
+entry = json.loads(os.environ.get("VERL_DEPLOY_ENTRY") or '["-m", "verl.trainer.main_ppo"]')
+composed = subprocess.run([sys.executable, *entry, *sys.argv[1:], "--cfg", "job"], capture_output=True, text=True)
 sys.stdout.write(composed.stdout)
 if composed.returncode:
     sys.stderr.write(composed.stderr)
     sys.exit(2)
+if entry != ["-m", "verl.trainer.main_ppo"]:
+    sys.exit(0)
 import warnings
 warnings.filterwarnings("ignore")  # verl's notes ("Disabled critic as ...") are not the error
 from hydra import compose, initialize_config_module
@@ -59,9 +63,12 @@ except Exception as exc:
 CHECK_TIMEOUT_S = 300  # about 20 s on two CPU cores
 
 
-def check_in_image(engine, image: str, args: list[str]) -> str:
+def check_in_image(engine, image: str, args: list[str], entry: tuple[str, ...] = ()) -> str:
     """Compose and validate verl's config with these main_ppo arguments in its image (CHECK; no network, nothing
-    mounted, no GPU); the composed config's text, or LaunchError with Hydra's or verl's message as one line."""
+    mounted, no GPU); the composed config's text, or LaunchError with Hydra's or verl's message as one line.
+    entry: the trainer's command after python3 (--entry of a --verl-source run; (): main_ppo)."""
+    import json
+
     import docker
     import requests
 
@@ -71,7 +78,8 @@ def check_in_image(engine, image: str, args: list[str]) -> str:
         container = engine.containers.run(
             image, ["python3", "-c", CHECK, *args], detach=True, network_disabled=True, user="1000:1000",
             cap_drop=["ALL"], security_opt=["no-new-privileges"], read_only=True, working_dir="/tmp", tmpfs=TMPFS,
-            environment={"HOME": "/tmp", "HF_HUB_OFFLINE": "1"}, labels={ROLE_LABEL: "config-check"},
+            environment={"HOME": "/tmp", "HF_HUB_OFFLINE": "1", **({"VERL_DEPLOY_ENTRY": json.dumps(list(entry))} if entry else {})},
+            labels={ROLE_LABEL: "config-check"},
         )
     except docker.errors.ImageNotFound:
         raise LaunchError(f"{image} is not on this host: build it first, verl-deploy images build --runtime verl") from None

@@ -67,3 +67,27 @@ def trainer_args(overrides, gpus_per_node: int, nodes: int, run_dir: str) -> lis
 def environment(run_dir: str) -> dict[str, str]:
     """What verl's trainer reads from its environment: where its `file` logger writes."""
     return {"VERL_FILE_LOGGER_PATH": f"{run_dir}/{METRICS_FILE}"}
+
+
+SOURCE_DIR = "/opt/verl-source"  # where docker/verl-source.Dockerfile puts a --verl-source (on PYTHONPATH)
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def entry_command(entry: str, source_root=None) -> tuple[str, ...]:
+    """--entry as the trainer's command: `-m recipe.X.main_Y` (or the bare module) runs a module of the image's
+    PYTHONPATH; `path/to/main_ppo.py` a script of the --verl-source (source_root: the source on this host, where the
+    script must be). ValueError (one line) otherwise."""
+    text = entry.strip()
+    module = text[2:].strip() if text.startswith("-m ") or text.startswith("-m\t") else text
+    if text.endswith(".py"):
+        path = text.lstrip("./")
+        if source_root is None:
+            raise ValueError(f"--entry {entry}: a script runs from your verl source: add --verl-source DIR")
+        if path.startswith("/") or ".." in path.split("/") or not (source_root / path).is_file():
+            raise ValueError(f"--entry {entry}: no such script in the verl source {source_root} (give its path "
+                             "relative to the source's root, e.g. recipe/dapo/main_dapo.py)")
+        return ("python3", f"{SOURCE_DIR}/{path}")
+    if not _MODULE.match(module):
+        raise ValueError(f"--entry {entry}: give a module (-m recipe.dapo.main_dapo) or a script of the source "
+                         "(recipe/dapo/main_dapo.py)")
+    return ("python3", "-m", module)
