@@ -146,14 +146,14 @@ def test_val_before_train_defaults_to_true_as_in_verl():
 
 def test_keys_without_effect_warn_in_one_line(capsys):
     config = load_config(None, [
-        "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "actor_rollout_ref.model.use_fused_kernels=True", "actor_rollout_ref.actor.fsdp_config.param_offload=True",
         "actor_rollout_ref.model.enable_gradient_checkpointing=True", "trainer.project_name=verl_examples",
         "trainer.logger=['console','wandb']",
     ])
     assert config.model.gradient_checkpointing is True
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 4 and all(line.startswith("warning: ") for line in lines), lines
-    assert "actor_rollout_ref.model.use_remove_padding has no effect here: padding-free" in lines[0]
+    assert "actor_rollout_ref.model.use_fused_kernels has no effect here: engine plumbing" in lines[0]
     assert "fsdp_config.param_offload has no effect here" in lines[1]
     assert "wandb not here" in lines[3]
 

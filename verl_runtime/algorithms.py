@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 
 # --------------------------------------------------------------------------------------------------------------
 # Helpers (verl.utils.torch_functional)
@@ -101,6 +102,54 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of the categorical distribution at each position: (..., vocab) -> (...)."""
     log_p = torch.log_softmax(logits, dim=-1)
     return _entropy(log_p.exp(), log_p)
+
+
+def entropy_from_logits_with_chunking(logits: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
+    """verl's (verl/utils/torch_functional.py:248-270): the entropy of logits [N, vocab], chunk_size rows at a time
+    in fp32, so the softmax and its product exist for one chunk only."""
+    entropy = torch.zeros(logits.shape[0], device=logits.device)
+    for start in range(0, logits.shape[0], chunk_size):
+        chunk = logits[start : start + chunk_size].float()
+        p = torch.nn.functional.softmax(chunk, dim=-1)
+        entropy[start : start + chunk_size] = torch.logsumexp(chunk, dim=-1) - torch.sum(p * chunk, dim=-1)
+    return entropy
+
+
+def logprobs_from_hidden_with_chunking(
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    labels: torch.Tensor,
+    chunk_size: int = 2048,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    checkpoint: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(label) (and the entropy) of each row of hidden [N, H] under head (hidden -> logits), chunk_size rows at a
+    time: the fp32 logits / temperature exist for one chunk only. With checkpoint (training), a chunk's logits are
+    recomputed in the backward instead of kept, so the backward too holds one chunk. The same values as
+    logprobs_and_entropy_from_logits over head(hidden) at once, row for row."""
+
+    def one(rows: torch.Tensor, picked: torch.Tensor):
+        logits = head(rows).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        if with_entropy:
+            return logprobs_and_entropy_from_logits(logits, picked)
+        return logprobs_from_logits(logits, picked)
+
+    parts = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        rows, picked = hidden[start : start + chunk_size], labels[start : start + chunk_size]
+        if checkpoint and torch.is_grad_enabled():
+            parts.append(torch.utils.checkpoint.checkpoint(one, rows, picked, use_reentrant=False))
+        else:
+            parts.append(one(rows, picked))
+    if not parts:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    if with_entropy:
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return torch.cat(parts), None
 
 
 def calculate_sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:

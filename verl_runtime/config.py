@@ -62,6 +62,9 @@ class ModelConfig:
     pretrained_model_name_or_path: str = "builtin:tiny"  # a local HF directory, or builtin:tiny
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16
     gradient_checkpointing: bool = False
+    # verl's model.use_remove_padding: each micro-batch's real tokens packed in one row (models.LogProbMemory); off,
+    # the CPU's llama-family models take the lean path (lean_model.py), which computes each distinct prompt once
+    use_remove_padding: bool = False
     # LoRA on the actor (verl_runtime/lora.py; verl's actor_rollout_ref.model.*): on when lora_rank > 0 or an adapter
     # to continue from is given (its own rank and targets then apply)
     lora_rank: int = 0  # 0: off, every weight trains
@@ -114,6 +117,12 @@ class ActorConfig:
     # verl's actor_rollout_ref.actor.use_dynamic_bsz: micro-batches by tokens there (by count here, the same numbers);
     # as in verl, it lifts the batch-size checks (validate)
     use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384  # use_dynamic_bsz: real tokens per update micro-batch (verl's default)
+    # verl's: lm_head, log-softmax and entropy chunk by chunk from the hidden states (models.LogProbMemory), and the
+    # entropy's softmax recomputed in the backward
+    entropy_from_logits_with_chunking: bool = False
+    entropy_from_logits_chunk_size: int = 2048
+    entropy_checkpointing: bool = False
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
@@ -144,6 +153,11 @@ class CriticConfig:
     zero_indexed_step: bool = True
     cliprange_value: float = 0.5
     ppo_micro_batch_size_per_gpu: int | None = None
+    # verl's: None takes actor.use_dynamic_bsz / model.use_remove_padding; the forward's budget the update's
+    use_dynamic_bsz: bool | None = None
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: int | None = None
+    use_remove_padding: bool | None = None
     loss_agg_mode: str = "token-mean"
     strategy: str = "dp"  # dp | fsdp, as actor.strategy
 
@@ -151,6 +165,11 @@ class CriticConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 16
+    # verl's: None takes actor.use_dynamic_bsz / actor.ppo_max_token_len_per_gpu (as verl's ref.yaml does)
+    log_prob_use_dynamic_bsz: bool | None = None
+    log_prob_max_token_len_per_gpu: int | None = None
+    entropy_from_logits_with_chunking: bool = False  # the reference computes no entropy: the chunked log-probs
+    entropy_from_logits_chunk_size: int = 2048
 
 
 @dataclass
@@ -172,6 +191,8 @@ class RolloutConfig:
     top_k: int = -1
     do_sample: bool = True
     log_prob_micro_batch_size_per_gpu: int = 16
+    log_prob_use_dynamic_bsz: bool | None = None  # the old log-probs by a token budget; None: as the actor
+    log_prob_max_token_len_per_gpu: int | None = None
     # builtin only: compile the decode step. null: on CUDA (CUDA graphs), not on the CPU; true on the CPU: faster
     # steps for some seconds of compiling at the start of the run (needs a C++ compiler); false: never
     compile: bool | None = None
@@ -386,6 +407,13 @@ RANGES = (
     _above("critic.grad_clip", 0, "the largest gradient norm"),
     _above("critic.cliprange_value", 0, "e.g. 0.5"),
     _at_least("critic.ppo_micro_batch_size_per_gpu", 1, "null: the whole mini-batch"),
+    _at_least("actor.ppo_max_token_len_per_gpu", 1, "real tokens per micro-batch with use_dynamic_bsz"),
+    _at_least("actor.entropy_from_logits_chunk_size", 1, "tokens per chunk"),
+    _at_least("critic.ppo_max_token_len_per_gpu", 1, "real tokens per micro-batch with use_dynamic_bsz"),
+    _at_least("critic.forward_max_token_len_per_gpu", 1, "null: critic.ppo_max_token_len_per_gpu"),
+    _at_least("ref.log_prob_max_token_len_per_gpu", 1, "null: actor.ppo_max_token_len_per_gpu"),
+    _at_least("ref.entropy_from_logits_chunk_size", 1, "tokens per chunk"),
+    _at_least("rollout.log_prob_max_token_len_per_gpu", 1, "null: actor.ppo_max_token_len_per_gpu"),
     _at_least("ref.log_prob_micro_batch_size_per_gpu", 1),
     _at_least("rollout.n", 1, "samples per prompt"),
     _at_least("rollout.temperature", 0, "0 means greedy sampling"),

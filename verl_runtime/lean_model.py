@@ -124,7 +124,14 @@ def attention_bias(sees: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def shared_prefix_logits(model, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
-    """Logits [B, R, V] that predict the last R tokens of each row, the rows' equal prompts computed once.
+    """Logits [B, R, V] that predict the last R tokens of each row, the rows' equal prompts computed once
+    (shared_prefix_hidden, then the lm_head module itself: forward hooks on the output embeddings still fire)."""
+    return model.lm_head(shared_prefix_hidden(model, input_ids, attention_mask, position_ids, response_length))
+
+
+def shared_prefix_hidden(model, input_ids, attention_mask, position_ids, response_length: int) -> torch.Tensor:
+    """The final-norm hidden states [B, R, H] that predict the last R tokens of each row, the rows' equal prompts
+    computed once.
 
     Rows are prompt (left-padded, the first T - R columns) then response; rows whose prompt columns (ids, mask and
     positions) are equal share one prompt computation. A response token sees its row's real prompt tokens and the
@@ -165,7 +172,7 @@ def shared_prefix_logits(model, input_ids, attention_mask, position_ids, respons
         prompt_hidden = blocks.finish(layer, fused, prompt_hidden, attended)
         response_hidden = blocks.finish(layer, fused, response_hidden, response_attended)
     # Position t predicts token t + 1: the prompt's last position, then every response position but the last.
-    return blocks.logits(torch.cat([prompt_hidden[owner, -1:], response_hidden[:, :-1]], dim=1))
+    return rms_norm(torch.cat([prompt_hidden[owner, -1:], response_hidden[:, :-1]], dim=1), blocks.core.norm)
 
 
 @dataclass

@@ -11,15 +11,17 @@ import inspect
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from verl_runtime import oom
 from verl_runtime.errors import ConfigError, ModelError
 from verl_runtime.hub import is_hub_id, snapshot
-from verl_runtime.lean_model import lean_path_applies, shared_prefix_logits
+from verl_runtime.lean_model import lean_path_applies, shared_prefix_hidden, shared_prefix_logits
 
 BUILTIN_TINY = "builtin:tiny"
 # Bump the suffix whenever the built model or tokenizer changes, so stale caches are not reused.
@@ -265,9 +267,18 @@ def load_value_model(path, dtype, device, gradient_checkpointing: bool = False) 
     return value_model
 
 
-def response_values(value_model: ValueModel, input_ids, attention_mask, position_ids, response_length: int):
-    """Values [B, R] of the states that predict each response token (verl's slicing)."""
+def response_values(value_model: ValueModel, input_ids, attention_mask, position_ids, response_length: int,
+                    packed: bool = False):
+    """Values [B, R] of the states that predict each response token (verl's slicing). packed (use_remove_padding):
+    from the real tokens in one row (see pack), zeros at response padding."""
     oom.note_micro_batch(input_ids)  # what an out-of-memory error names
+    if packed:
+        ids, positions, slot = pack(input_ids, attention_mask, position_ids)
+        values = value_model(ids, None, positions)[0]
+        where = attention_mask[:, -response_length:].bool()
+        out = values.new_zeros(where.shape)
+        out[where] = values[slot[:, -response_length - 1 : -1][where]]
+        return out
     values = value_model(input_ids, attention_mask, position_ids)
     return values[:, -response_length - 1 : -1]
 
@@ -275,6 +286,30 @@ def response_values(value_model: ValueModel, input_ids, attention_mask, position
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids that start at 0 on each row's first real token, so left padding does not shift them."""
     return torch.clip(torch.cumsum(attention_mask, dim=-1) - 1, min=0).long()
+
+
+@dataclass(frozen=True)
+class LogProbMemory:
+    """verl's memory settings of the log-prob passes (none set: the plain path, all at once).
+
+    ``packed`` (use_remove_padding): the micro-batch's real tokens in one row, position ids restarting per sequence
+    (transformers then masks attention block-diagonally: flash-attention's varlen kernel on a GPU, sdpa's mask on the
+    CPU), so no compute is spent on padding. ``chunk_size`` (entropy_from_logits_with_chunking, its chunk size): the
+    hidden states once, then lm_head, log-softmax and entropy chunk_size tokens at a time, each chunk under
+    activation checkpointing when training. ``checkpoint`` (entropy_checkpointing): the entropy's softmax is
+    recomputed in the backward instead of kept (verl's torch.utils.checkpoint around it).
+    """
+
+    packed: bool = False
+    chunk_size: int | None = None
+    checkpoint: bool = False
+
+    @property
+    def plain(self) -> bool:
+        return not (self.packed or self.chunk_size or self.checkpoint)
+
+
+PLAIN = LogProbMemory()
 
 
 def response_log_probs(
@@ -285,6 +320,7 @@ def response_log_probs(
     response_length: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    memory: LogProbMemory = PLAIN,
 ):
     """Per-token log-probs [B, R] of the last response_length tokens (and their entropy, if asked).
 
@@ -292,14 +328,125 @@ def response_log_probs(
     the log-prob of the distribution the tokens were sampled from. Only the response positions' logits are computed.
     Llama-family models on the CPU run ``lean_model.shared_prefix_logits`` (each distinct prompt once for all its
     samples, without transformers' per-call overhead); others their forward with ``logits_to_keep`` where supported.
+    With memory settings (LogProbMemory) the same numbers come from the hidden states (packed: zeros at padding).
     """
     from verl_runtime.algorithms import logprobs_and_entropy_from_logits, logprobs_from_logits
 
+    if not memory.plain and _plain_head(model):
+        return _memory_log_probs(model, input_ids, attention_mask, position_ids, response_length, temperature,
+                                 with_entropy, memory)
     logits = response_logits(model, input_ids, attention_mask, position_ids, response_length, temperature)
     responses = input_ids[:, -response_length:]
+    if with_entropy and (memory.chunk_size or memory.checkpoint):  # a head of its own: verl's chunked entropy only
+        return logprobs_from_logits(logits, responses), _entropy(logits, memory)
     if with_entropy:
         return logprobs_and_entropy_from_logits(logits, responses)
     return logprobs_from_logits(logits, responses), None
+
+
+def _entropy(logits: torch.Tensor, memory: LogProbMemory) -> torch.Tensor:
+    """verl's entropy under its settings: chunked, and/or recomputed in the backward (transformer_impl.py:1397-1409)."""
+    from verl_runtime.algorithms import entropy_from_logits, entropy_from_logits_with_chunking
+
+    flat = logits.reshape(-1, logits.shape[-1])
+    if memory.chunk_size:
+        fn = lambda x: entropy_from_logits_with_chunking(x, memory.chunk_size)  # noqa: E731
+    else:
+        fn = entropy_from_logits
+    if memory.checkpoint and torch.is_grad_enabled():
+        entropy = torch.utils.checkpoint.checkpoint(fn, flat, use_reentrant=False)
+    else:
+        entropy = fn(flat)
+    return entropy.view(logits.shape[:-1])
+
+
+def _plain_head(model) -> bool:
+    """Whether the logits are exactly lm_head(the decoder's last hidden state): not for models that scale or cap them
+    (Gemma's softcapping, Cohere's logit_scale, Granite's logits_scaling), nor under FSDP, whose root unit gathers the
+    embeddings and the head only around the whole model's forward."""
+    from verl_runtime.workers.parallel import is_sharded
+
+    config = model.config
+    scaled = any(getattr(config, name, None) not in (None, 1, 1.0)
+                 for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+    return not scaled and not is_sharded(model) and model.get_output_embeddings() is not None
+
+
+def _memory_log_probs(model, input_ids, attention_mask, position_ids, response_length, temperature, with_entropy,
+                      memory: LogProbMemory):
+    from verl_runtime.algorithms import (
+        logprobs_and_entropy_from_logits,
+        logprobs_from_hidden_with_chunking,
+        logprobs_from_logits,
+    )
+
+    oom.note_micro_batch(input_ids)  # what an out-of-memory error names
+    hidden, where = response_hidden(model, input_ids, attention_mask, position_ids, response_length, memory.packed)
+    responses = input_ids[:, -response_length:]
+    labels = responses[where] if where is not None else responses.reshape(-1)
+    head = model.get_output_embeddings()
+    if memory.chunk_size:
+        log_prob, entropy = logprobs_from_hidden_with_chunking(hidden, head, labels, memory.chunk_size, temperature,
+                                                               with_entropy, checkpoint=True)
+    else:
+        logits = head(hidden).float()
+        logits = logits / temperature if temperature != 1.0 else logits
+        if with_entropy and memory.checkpoint:
+            log_prob, entropy = logprobs_from_logits(logits, labels), _entropy(logits, memory)
+        elif with_entropy:
+            log_prob, entropy = logprobs_and_entropy_from_logits(logits, labels)
+        else:
+            log_prob, entropy = logprobs_from_logits(logits, labels), None
+    return _unflatten(log_prob, where, responses), (None if entropy is None else _unflatten(entropy, where, responses))
+
+
+def _unflatten(values: torch.Tensor, where: torch.Tensor | None, responses: torch.Tensor) -> torch.Tensor:
+    """[B, R] from one value per response position (where is None) or per real response token (zeros elsewhere)."""
+    if where is None:
+        return values.view(responses.shape)
+    out = values.new_zeros(responses.shape)
+    out[where] = values
+    return out
+
+
+def response_hidden(model, input_ids, attention_mask, position_ids, response_length: int, packed: bool = False):
+    """The last hidden states (after the final norm) of the positions that predict the response tokens, and which
+    response tokens they are: ([B * R, H], None) padded, or ([real response tokens, H], where [B, R]) packed."""
+    if packed:
+        return _packed_hidden(model, input_ids, attention_mask, position_ids, response_length)
+    if lean_path_applies(model, input_ids.device, input_ids.shape[1]):
+        hidden = shared_prefix_hidden(model, input_ids, attention_mask, position_ids, response_length)
+    else:
+        hidden = _decoder(model)(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 use_cache=False).last_hidden_state[:, -response_length - 1 : -1]
+    return hidden.reshape(-1, hidden.shape[-1]), None
+
+
+def pack(input_ids, attention_mask, position_ids):
+    """The rows' real tokens (attention_mask 1) in one row [1, N], row after row, with their position ids (which
+    restart at 0 on each row's first token, so transformers sees N // rows packed sequences), and each (row,
+    column)'s place in it (-1 at padding)."""
+    real = attention_mask.bool()
+    slot = torch.full(real.shape, -1, dtype=torch.long, device=real.device)
+    slot[real] = torch.arange(int(real.sum()), device=real.device)
+    return input_ids[real][None], position_ids[real][None], slot
+
+
+def _packed_hidden(model, input_ids, attention_mask, position_ids, response_length: int):
+    ids, positions, slot = pack(input_ids, attention_mask, position_ids)
+    # attention_mask None: transformers derives the sequences from where the position ids restart (masking_utils'
+    # find_packed_sequence_indices; flash-attention's varlen path reads them as cu_seqlens)
+    hidden = _decoder(model)(input_ids=ids, position_ids=positions, attention_mask=None,
+                             use_cache=False).last_hidden_state[0]
+    where = attention_mask[:, -response_length:].bool()
+    source = slot[:, -response_length - 1 : -1][where]  # the position before each real response token
+    return hidden[source], where
+
+
+def _decoder(model):
+    """The causal LM's decoder (its layers and final norm), through a peft wrapper's adapters."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder()
 
 
 def response_logits(model, input_ids, attention_mask, position_ids, response_length: int, temperature: float = 1.0):

@@ -144,6 +144,21 @@ RULES: tuple[Rule, ...] = (
     _maps(f"{_AR}.actor.grad_clip", "actor.grad_clip"),
     _maps(f"{_AR}.actor.ppo_mini_batch_size", "actor.ppo_mini_batch_size"),
     _maps(f"{_AR}.actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size_per_gpu"),
+    # verl's memory settings, honoured with the same numbers (models.LogProbMemory, seqlen_balancing.py)
+    *(_maps(f"{_AR}.{name}.use_remove_padding", "model.use_remove_padding", "padding-free micro-batches: the real "
+            "tokens packed in one row") for name in ("model", "actor")),
+    _maps("critic.model.use_remove_padding", "critic.use_remove_padding"),
+    *(_maps(f"{_AR}.actor.{name}", f"actor.{name}", "micro-batches by real tokens, balanced as verl balances them")
+      for name in ("use_dynamic_bsz", "ppo_max_token_len_per_gpu")),
+    *(_maps(f"{_AR}.{role}.{name}", f"{role}.{name}", "micro-batches by real tokens")
+      for role in ("rollout", "ref") for name in ("log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu")),
+    *(_maps(f"critic.{name}", f"critic.{name}", "micro-batches by real tokens")
+      for name in ("use_dynamic_bsz", "ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu")),
+    *(_maps(f"{_AR}.{role}.{name}", f"{role}.{name}", "log-probs and entropy chunk by chunk from the hidden states")
+      for role in ("actor", "ref") for name in ("entropy_from_logits_with_chunking", "entropy_from_logits_chunk_size")),
+    _maps(f"{_AR}.actor.entropy_checkpointing", "actor.entropy_checkpointing"),
+    _ignored(f"{_AR}.ref.entropy_checkpointing", "the reference computes neither entropy nor gradients: "
+             "nothing to recompute"),
     _maps(f"{_AR}.actor.ppo_epochs", "actor.ppo_epochs"),
     _maps(f"{_AR}.actor.clip_ratio", "actor.clip_ratio"),
     _maps(f"{_AR}.actor.clip_ratio_low", "actor.clip_ratio_low"),
@@ -297,17 +312,12 @@ RULES: tuple[Rule, ...] = (
     _ignored("critic.fsdp.*", _ENGINE),
     _ignored("*ulysses_sequence_parallel_size", "sequence parallelism: " + _MEMORY),
     _ignored("*offload*", "offloading to CPU memory: " + _MEMORY),
-    _ignored("*use_remove_padding", "padding-free forward passes: " + _MEMORY),
     _ignored("*use_fused_kernels", _ENGINE),
     _ignored("*fused_kernel_options.*", _ENGINE),
     _ignored("*use_liger", _ENGINE),
     _ignored("*use_torch_compile", _ENGINE),
-    _ignored("*entropy_from_logits*", _MEMORY),
-    _ignored("*entropy_checkpointing", _MEMORY),
     _ignored("*pad_to_length*", _MEMORY),
     _ignored("*tiled_mlp.*", _MEMORY),
-    _ignored("*use_dynamic_bsz", "micro-batches by token count: " + _MEMORY),
-    _ignored("*max_token_len_per_gpu", "micro-batches by token count: " + _MEMORY),
     _ignored("critic.forward_micro_batch_size*", "the critic's forward passes use critic.ppo_micro_batch_size_per_gpu: " + _MEMORY),
     _ignored("*use_shm", "loading the model through shared memory: speed only"),
     _ignored("*trust_remote_code", "models and tokenizers load without remote code here"),

@@ -21,10 +21,11 @@ from verl_runtime import lora, oom
 from verl_runtime.config import Config
 from verl_runtime.controller import ALL, DP_SPLIT, RANK_ZERO, chunks, register
 from verl_runtime.errors import UserError
-from verl_runtime.models import load_causal_lm, resolve_dtype, response_log_probs, response_logits
+from verl_runtime.models import LogProbMemory, load_causal_lm, resolve_dtype, response_log_probs, response_logits
 from verl_runtime.rollout import SamplingParams, make_rollout_engine
 from verl_runtime.rollout.base import logit_temperature
 from verl_runtime.rollout_correction import compute_policy_loss_bypass_mode
+from verl_runtime.seqlen_balancing import restore_order, select, token_budget_split
 from verl_runtime.workers import optim, parallel
 
 ROLLOUT_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -82,17 +83,19 @@ class ActorWorker:
     @register(DP_SPLIT)
     def compute_log_prob(self, batch: dict) -> torch.Tensor:
         """Log-probs [B, R] of the responses under the current policy (PPO's "old" log-probs)."""
-        size = self.config.rollout.log_prob_micro_batch_size_per_gpu
+        rollout = self.config.rollout
+        split = MicroBatching(rollout.log_prob_micro_batch_size_per_gpu, *token_budget(
+            self.config, rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu, "rollout"))
         with self.mixed_precision():
-            return log_probs(self.model, batch, size, logit_temperature(self.config.rollout.temperature))
+            return log_probs(self.model, batch, split, logit_temperature(rollout.temperature), actor_memory(self.config))
 
     @register(DP_SPLIT)
     def compute_ref_log_prob(self, batch: dict) -> torch.Tensor:
         """With LoRA, the reference policy's log-probs: the actor with its adapters disabled, the base model (verl's
         ref_in_actor; no reference worker is built then)."""
-        size = self.config.ref.log_prob_micro_batch_size_per_gpu
         with self.model.disable_adapter(), self.mixed_precision():
-            return log_probs(self.model, batch, size, logit_temperature(self.config.rollout.temperature))
+            return log_probs(self.model, batch, ref_micro_batching(self.config),
+                             logit_temperature(self.config.rollout.temperature), ref_memory(self.config))
 
     @register(DP_SPLIT)
     def compute_log_prob_and_sum_pi_squared(self, batch: dict) -> dict[str, torch.Tensor]:
@@ -128,6 +131,10 @@ class ActorWorker:
         response_length = batch["responses"].shape[1]
         stats = defaultdict(list)
         sampler_gap = []  # |sampler - trainer| log-prob per token, before any update: rollout/logprob_diff
+        split = MicroBatching(cfg.ppo_micro_batch_size_per_gpu or mini_batch_size,
+                              *token_budget(self.config, cfg.use_dynamic_bsz, cfg.ppo_max_token_len_per_gpu, "actor",
+                                            "ppo_max_token_len_per_gpu"))
+        memory = actor_memory(self.config)
         self.model.train()
         for epoch in range(cfg.ppo_epochs):
             for mini in chunks(batch, mini_batch_size // parallel.world_size()):  # this rank's share of it
@@ -136,13 +143,14 @@ class ActorWorker:
                 info = parallel.global_batch_info(mini["response_mask"])
                 totals = defaultdict(float)
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in chunks(mini, cfg.ppo_micro_batch_size_per_gpu or mini_batch_size):
+                # the loss of each micro-batch is its share of the mini-batch's (info): any split sums to the same
+                for micro in split.micro_batches(mini)[0]:
                     mask = micro["response_mask"]
                     with self.mixed_precision():
                         log_prob, entropy = response_log_probs(
                             self.model, micro["input_ids"], micro["attention_mask"], micro["position_ids"],
                             response_length, temperature=logit_temperature(self.config.rollout.temperature),
-                            with_entropy=True,
+                            with_entropy=True, memory=memory,
                         )
                     old_log_prob = log_prob.detach() if on_policy else micro["old_log_prob"]
                     if epoch == 0 and "rollout_log_probs" in micro and not bypass:
@@ -246,20 +254,68 @@ class LossConfig:
         return getattr(self._config, name, default)
 
 
-def log_probs(model: nn.Module, batch: dict, micro_batch_size: int, temperature: float) -> torch.Tensor:
-    """Response log-probs [B, R] in micro-batches, without autograd."""
+class MicroBatching:
+    """How a role cuts a batch into micro-batches: ``size`` samples each, or (use_dynamic_bsz) by ``budget`` real
+    tokens, balanced as verl balances them (seqlen_balancing.py); ``key`` names the budget's setting in errors."""
+
+    def __init__(self, size: int, budget: int | None = None, key: str = ""):
+        self.size, self.budget, self.key = size, budget, key
+
+    def micro_batches(self, batch: dict) -> tuple[list[dict], list[list[int]] | None]:
+        """The micro-batches, and the samples each holds (None: consecutive slices, in order)."""
+        if self.budget is None:
+            return chunks(batch, self.size), None
+        partitions = token_budget_split(batch, self.budget, self.key)
+        return [select(batch, indices) for indices in partitions], partitions
+
+    def per_sample(self, batch: dict, fn) -> torch.Tensor:
+        """fn(micro-batch) -> [rows, ...] for each micro-batch, joined in the batch's order."""
+        micros, partitions = self.micro_batches(batch)
+        parts = [fn(micro) for micro in micros]
+        return torch.cat(parts) if partitions is None else restore_order(parts, partitions)
+
+
+def token_budget(config: Config, use: bool | None, tokens: int | None, role: str,
+                 name: str = "log_prob_max_token_len_per_gpu") -> tuple[int | None, str]:
+    """A role's token budget per micro-batch, or None (fixed sizes). As verl's config interpolates them, an unset
+    (None) use or budget takes the actor's (use_dynamic_bsz, ppo_max_token_len_per_gpu)."""
+    actor = config.actor
+    use = actor.use_dynamic_bsz if use is None else use
+    return ((tokens or actor.ppo_max_token_len_per_gpu) if use else None), f"{role}.{name}"
+
+
+def ref_micro_batching(config: Config) -> MicroBatching:
+    ref = config.ref
+    return MicroBatching(ref.log_prob_micro_batch_size_per_gpu,
+                         *token_budget(config, ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu, "ref"))
+
+
+def actor_memory(config: Config) -> LogProbMemory:
+    actor = config.actor
+    chunk = actor.entropy_from_logits_chunk_size if actor.entropy_from_logits_with_chunking else None
+    return LogProbMemory(config.model.use_remove_padding, chunk, actor.entropy_checkpointing)
+
+
+def ref_memory(config: Config) -> LogProbMemory:
+    ref = config.ref
+    chunk = ref.entropy_from_logits_chunk_size if ref.entropy_from_logits_with_chunking else None
+    return LogProbMemory(config.model.use_remove_padding, chunk)
+
+
+def log_probs(model: nn.Module, batch: dict, split: MicroBatching | int, temperature: float,
+              memory: LogProbMemory = LogProbMemory()) -> torch.Tensor:
+    """Response log-probs [B, R] in micro-batches (split, or a fixed size), without autograd."""
+    split = MicroBatching(split) if isinstance(split, int) else split
     response_length = batch["responses"].shape[1]
+
+    def one(micro: dict) -> torch.Tensor:
+        return response_log_probs(model, micro["input_ids"], micro["attention_mask"], micro["position_ids"],
+                                  response_length, temperature=temperature, memory=memory)[0]
+
     # Not inference mode under FSDP: its unsharded parameter buffers are reused by the next training forward, and an
     # inference tensor cannot be updated in place outside inference mode (the LoRA actor as its own reference).
     with torch.inference_mode(not parallel.is_sharded(model)), torch.no_grad():
-        parts = [
-            response_log_probs(
-                model, micro["input_ids"], micro["attention_mask"], micro["position_ids"], response_length,
-                temperature=temperature,
-            )[0]
-            for micro in chunks(batch, micro_batch_size)
-        ]
-        result = torch.cat(parts)
+        result = split.per_sample(batch, one)
     return result.clone()  # an ordinary tensor, usable in the loss
 
 

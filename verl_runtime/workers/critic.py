@@ -11,7 +11,7 @@ from verl_runtime.config import Config
 from verl_runtime.controller import ALL, DP_SPLIT, chunks, register
 from verl_runtime.models import load_value_model, response_values
 from verl_runtime.workers import optim, parallel
-from verl_runtime.workers.actor import disable_dropout, mixed_precision
+from verl_runtime.workers.actor import MicroBatching, disable_dropout, mixed_precision, token_budget
 
 
 class CriticWorker:
@@ -30,18 +30,28 @@ class CriticWorker:
         self.optimizer = optim.build_optimizer(self.model, config.critic, sharded=parallel.is_sharded(self.model))
 
     def _values(self, batch: dict) -> torch.Tensor:
+        cfg = self.config.critic
+        packed = self.config.model.use_remove_padding if cfg.use_remove_padding is None else cfg.use_remove_padding
         with self.mixed_precision():
             values = response_values(
-                self.model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"].shape[1]
+                self.model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], batch["responses"].shape[1],
+                packed=packed,
             )
         return values.float()
+
+    def _split(self, size: int, forward: bool) -> MicroBatching:
+        """verl's critic micro-batches: fixed sizes, or (use_dynamic_bsz) the forward's or the update's token budget."""
+        cfg = self.config.critic
+        name = "forward_max_token_len_per_gpu" if forward else "ppo_max_token_len_per_gpu"
+        tokens = (cfg.forward_max_token_len_per_gpu if forward else None) or cfg.ppo_max_token_len_per_gpu
+        return MicroBatching(size, *token_budget(self.config, cfg.use_dynamic_bsz, tokens, "critic", name))
 
     @register(DP_SPLIT)
     def compute_values(self, batch: dict) -> torch.Tensor:
         """Values [B, R] of the states before each response token, masked to the response."""
-        size = self.config.critic.ppo_micro_batch_size_per_gpu or len(batch["responses"])
+        split = self._split(self.config.critic.ppo_micro_batch_size_per_gpu or len(batch["responses"]), forward=True)
         with torch.inference_mode():
-            values = torch.cat([self._values(micro) * micro["response_mask"] for micro in chunks(batch, size)])
+            values = split.per_sample(batch, lambda micro: self._values(micro) * micro["response_mask"])
         return values.clone()
 
     @register(DP_SPLIT)
@@ -52,13 +62,14 @@ class CriticWorker:
         if lr is not None:
             optim.set_learning_rate(self.optimizer, lr)
         stats = defaultdict(list)
+        split = self._split(cfg.ppo_micro_batch_size_per_gpu or mini_batch_size, forward=False)
         self.model.train()
         for _ in range(self.config.actor.ppo_epochs):
             for mini in chunks(batch, mini_batch_size // parallel.world_size()):  # this rank's share of it
                 info = parallel.global_batch_info(mini["response_mask"])
                 totals = defaultdict(float)
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in chunks(mini, cfg.ppo_micro_batch_size_per_gpu or mini_batch_size):
+                for micro in split.micro_batches(mini)[0]:
                     mask = micro["response_mask"]
                     vpreds = self._values(micro)
                     vf_loss, vf_clipfrac = compute_value_loss(

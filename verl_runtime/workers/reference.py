@@ -8,7 +8,7 @@ from verl_runtime.config import Config
 from verl_runtime.controller import DP_SPLIT, register
 from verl_runtime.models import load_causal_lm
 from verl_runtime.rollout.base import logit_temperature
-from verl_runtime.workers.actor import disable_dropout, log_probs
+from verl_runtime.workers.actor import disable_dropout, log_probs, ref_memory, ref_micro_batching
 
 
 class ReferenceWorker:
@@ -21,5 +21,5 @@ class ReferenceWorker:
     @register(DP_SPLIT)
     def compute_ref_log_prob(self, batch: dict) -> torch.Tensor:
         """Log-probs [B, R] of the responses under the reference policy."""
-        size = self.config.ref.log_prob_micro_batch_size_per_gpu
-        return log_probs(self.model, batch, size, logit_temperature(self.config.rollout.temperature))
+        return log_probs(self.model, batch, ref_micro_batching(self.config),
+                         logit_temperature(self.config.rollout.temperature), ref_memory(self.config))

@@ -1,0 +1,163 @@
+"""verl's memory settings in our runtime: padding-free micro-batches (use_remove_padding), token-budget micro-batches
+(use_dynamic_bsz), chunked log-probs and entropy (entropy_from_logits_with_chunking, entropy_checkpointing). Each
+gives the plain path's numbers: log-probs, losses, gradients (the updated weights) and values."""
+
+import importlib
+import sys
+import types
+
+import pytest
+import torch
+
+from verl_wheel import verl  # noqa: F401  (the fixture)
+
+from verl_runtime import seqlen_balancing
+from verl_runtime.algorithms import entropy_from_logits, entropy_from_logits_with_chunking
+from verl_runtime.config import load_config
+from verl_runtime.errors import ConfigError
+from verl_runtime.models import load_tokenizer
+from verl_runtime.rollout.base import assemble_batch, left_pad
+from verl_runtime.workers.actor import ActorWorker
+from verl_runtime.workers.critic import CriticWorker
+
+SETTINGS = {
+    "dynamic batches": ["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=60"],
+    "chunked entropy": ["actor.entropy_from_logits_with_chunking=true", "actor.entropy_from_logits_chunk_size=7"],
+    "entropy checkpointing": ["actor.entropy_checkpointing=true"],
+    "padding-free": ["model.use_remove_padding=true"],
+    "all of them": ["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=60", "model.use_remove_padding=true",
+                    "actor.entropy_from_logits_with_chunking=true", "actor.entropy_from_logits_chunk_size=7",
+                    "actor.entropy_checkpointing=true"],
+}
+
+
+def _batch(tokenizer, samples: int = 2) -> dict:
+    """Prompts of different lengths, `samples` responses each, some ending early at EOS (padding on both sides)."""
+    prompts = [tokenizer.encode(text) for text in ("Q: 2+3=?\nA:", "Hi", "Count: 1 2 3 4", "x")]
+    rows = [p for p in prompts for _ in range(samples)]
+    prompt_ids, prompt_mask = left_pad(rows, tokenizer.pad_token_id)
+    responses = torch.randint(3, 200, (len(rows), 9), generator=torch.Generator().manual_seed(0))
+    responses[1, 4] = responses[2, 0] = responses[5, 6] = tokenizer.eos_token_id
+    responses[1, 5:] = responses[2, 1:] = responses[5, 7:] = tokenizer.pad_token_id
+    rollout = assemble_batch(prompt_ids, prompt_mask, responses, [tokenizer.eos_token_id])
+    batch = {key: getattr(rollout, key) for key in ("input_ids", "attention_mask", "position_ids", "responses",
+                                                      "response_mask")}
+    batch["advantages"] = torch.randn(responses.shape, generator=torch.Generator().manual_seed(2))
+    return batch
+
+
+def _config(model_dir, settings, tmp_path=None, *extra):
+    return load_config(None, [f"model.path={model_dir}", "trainer.device=cpu", "algorithm.adv_estimator=grpo",
+                              "rollout.n=2", "actor.ppo_micro_batch_size_per_gpu=3", "actor.entropy_coeff=0.01",
+                              "actor.use_kl_loss=true", *extra, *settings], warn=False)
+
+
+def _actor(model_dir, settings, *extra):
+    config = _config(model_dir, settings, None, *extra)
+    torch.manual_seed(0)
+    return ActorWorker(config, load_tokenizer(model_dir), torch.device("cpu"))
+
+
+def _close(actual, expected, atol=2e-5):
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=1e-4)
+
+
+@pytest.mark.parametrize("model_dir", ["tiny_model_dir", "tiny_llama_dir"])
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_a_memory_setting_trains_the_same_numbers(setting, model_dir, request):
+    path = request.getfixturevalue(model_dir)
+    plain, other = _actor(path, []), _actor(path, SETTINGS[setting])
+    batch = _batch(load_tokenizer(path))
+    mask = batch["response_mask"].bool()
+
+    old = plain.compute_log_prob(batch)
+    _close(other.compute_log_prob(batch)[mask], old[mask])
+    batch.update(old_log_prob=old, ref_log_prob=old - 0.05)
+    before = {name: p.detach().clone() for name, p in plain.model.named_parameters()}
+    expected, got = plain.update(dict(batch), mini_batch_size=8), other.update(dict(batch), mini_batch_size=8)
+
+    for key in ("actor/loss", "actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), key
+    for (name, p), q in zip(plain.model.named_parameters(), other.model.parameters()):
+        moved = (p.detach() - before[name]).abs().max()
+        torch.testing.assert_close(q.detach(), p.detach(), atol=float(moved) * 1e-2 + 1e-7, rtol=0, msg=name)
+
+
+def test_dynamic_batches_keep_each_samples_log_prob_in_its_row(tiny_model_dir):
+    """Balanced micro-batches reorder the samples; the result comes back in the batch's order (as fixed sizes)."""
+    plain = _actor(tiny_model_dir, [])
+    dynamic = _actor(tiny_model_dir, ["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=40"])
+    batch = _batch(load_tokenizer(tiny_model_dir))
+    split = seqlen_balancing.token_budget_split(batch, 40, "actor.ppo_max_token_len_per_gpu")
+    assert len(split) > 2 and sorted(i for p in split for i in p) == list(range(8))
+    assert [i for p in split for i in p] != list(range(8))  # reordered, so the order must be restored
+    mask = batch["response_mask"].bool()
+    _close(dynamic.compute_log_prob(batch)[mask], plain.compute_log_prob(batch)[mask])
+
+
+def test_the_critic_gives_the_same_values_and_update_padding_free_and_by_tokens(tiny_model_dir):
+    batch = _batch(load_tokenizer(tiny_model_dir))
+    batch.update(returns=torch.randn(batch["responses"].shape), values=torch.zeros(batch["responses"].shape))
+    workers = []
+    for settings in ([], ["model.use_remove_padding=true", "critic.use_dynamic_bsz=true",
+                          "critic.ppo_max_token_len_per_gpu=50", "critic.forward_max_token_len_per_gpu=30"]):
+        config = _config(tiny_model_dir, settings, None, "algorithm.adv_estimator=gae", "rollout.n=1",
+                         "critic.ppo_micro_batch_size_per_gpu=3")
+        torch.manual_seed(0)
+        workers.append(CriticWorker(config, torch.device("cpu")))
+    plain, other = workers
+    mask = batch["response_mask"].bool()
+    _close(other.compute_values(batch)[mask], plain.compute_values(batch)[mask])
+    expected, got = plain.update(dict(batch), mini_batch_size=8), other.update(dict(batch), mini_batch_size=8)
+    assert got["critic/vf_loss"] == pytest.approx(expected["critic/vf_loss"], rel=1e-4)
+    assert got["critic/grad_norm"] == pytest.approx(expected["critic/grad_norm"], rel=1e-4)
+
+
+def test_a_token_budget_below_the_sequence_width_says_which_key_to_raise(tiny_model_dir):
+    batch = _batch(load_tokenizer(tiny_model_dir))
+    width = batch["input_ids"].shape[1]
+    with pytest.raises(ConfigError, match=rf"actor.ppo_max_token_len_per_gpu=10 .* at least {width}"):
+        seqlen_balancing.token_budget_split(batch, 10, "actor.ppo_max_token_len_per_gpu")
+
+
+def test_verls_memory_keys_are_honoured_not_ignored(capsys):
+    config = load_config(None, [
+        "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false",
+        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
+        "actor_rollout_ref.actor.entropy_checkpointing=true", "critic.forward_max_token_len_per_gpu=1024",
+    ])
+    assert config.model.use_remove_padding and config.actor.use_dynamic_bsz
+    assert config.actor.ppo_max_token_len_per_gpu == 4096 and config.rollout.log_prob_max_token_len_per_gpu == 8192
+    assert config.ref.log_prob_use_dynamic_bsz is False and config.critic.forward_max_token_len_per_gpu == 1024
+    assert config.actor.entropy_from_logits_with_chunking and config.actor.entropy_checkpointing
+    assert "memory and speed only" not in capsys.readouterr().err
+
+
+def test_entropy_from_logits_with_chunking_matches_verls(verl):
+    logits = torch.randn(37, 50, generator=torch.Generator().manual_seed(0)) * 3
+    for chunk in (1, 8, 2048):
+        expected = verl.F.entropy_from_logits_with_chunking(logits, chunk_size=chunk)
+        torch.testing.assert_close(entropy_from_logits_with_chunking(logits, chunk_size=chunk), expected)
+    torch.testing.assert_close(entropy_from_logits_with_chunking(logits, 8), entropy_from_logits(logits), atol=1e-5,
+                               rtol=0)
+
+
+def test_micro_batches_are_balanced_as_verl_balances_them(verl):
+    stubs = {"verl.protocol": types.ModuleType("verl.protocol"),
+             "verl.utils.tensordict_utils": types.ModuleType("verl.utils.tensordict_utils")}
+    stubs["verl.protocol"].DataProto = object
+    stubs["verl.utils.tensordict_utils"].index_select_tensor_dict = lambda batch, indices: indices
+    sys.modules.update(stubs)
+    theirs = importlib.import_module("verl.utils.seqlen_balancing")
+    generator = torch.Generator().manual_seed(3)
+    for rows, budget in ((16, 300), (24, 500), (7, 130)):
+        lengths = torch.randint(10, 120, (rows,), generator=generator)
+        mask = (torch.arange(128)[None] < lengths[:, None]).long()
+        _, expected = theirs.rearrange_micro_batches({"input_ids": mask, "attention_mask": mask}, budget)
+        assert seqlen_balancing.rearrange_micro_batches(lengths.tolist(), budget) == expected
+        workloads = lengths.tolist()
+        assert seqlen_balancing.get_seqlen_balanced_partitions(workloads, 3, False) == \
+            theirs.get_seqlen_balanced_partitions(workloads, 3, False)
