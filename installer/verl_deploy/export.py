@@ -198,7 +198,7 @@ def run_export(plan: ExportPlan, echo=print) -> int:
 def _run_container(options: dict, echo) -> int:
     import docker.errors
 
-    from verl_deploy.launchers.docker import client, ensure_image
+    from verl_deploy.launchers.docker import client, discard, ensure_image
 
     engine = client()
     ensure_image(engine, options["image"])
@@ -211,7 +211,7 @@ def _run_container(options: dict, echo) -> int:
     except docker.errors.APIError as exc:
         raise ExportError(f"the export container did not run: {(exc.explanation or str(exc)).splitlines()[0]}")
     finally:
-        container.remove(force=True)
+        discard(container)
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:

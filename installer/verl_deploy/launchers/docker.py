@@ -275,6 +275,28 @@ def client():
         ) from None
 
 
+REMOVAL_WAIT_S = 60  # a container the engine is already removing: how long to wait for it to be gone
+
+
+def discard(thing) -> None:
+    """Remove a container (forced) or a network. One already gone (404), or whose removal something else started
+    (409 "removal ... is already in progress": a `docker rm`, a `runs rm`, the engine), is what was asked: not an
+    error. Such a container is waited for, so that the network it sat on can go after it. The one place the
+    launchers, `export` and the config check remove what they made."""
+    import docker.errors
+    from docker.models.containers import Container
+
+    try:
+        thing.remove(force=True) if isinstance(thing, Container) else thing.remove()
+    except docker.errors.NotFound:
+        return
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409 or "in progress" not in str(exc.explanation or exc):
+            raise
+        with contextlib.suppress(Exception):  # gone meanwhile (404), or the engine slow: nothing more to do
+            thing.wait(condition="removed", timeout=REMOVAL_WAIT_S)
+
+
 def ensure_image(engine, image: str) -> None:
     """The image exists locally, or is pulled; otherwise say how to get one."""
     import docker.errors
@@ -538,10 +560,10 @@ class DockerLauncher:
         mounted = []
         for container in self._run_containers(engine, run_id):
             mounted += [m["Source"] for m in container.attrs.get("Mounts", []) if m["Destination"] == SECRETS_DIR]
-            container.remove(force=True)
+            discard(container)
         for network in self._run_networks(engine, run_id):
             try:
-                network.remove()
+                discard(network)
             except docker.errors.APIError:
                 pass  # still in use by something else: leave it
         return mounted

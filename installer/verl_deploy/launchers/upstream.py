@@ -72,7 +72,7 @@ def check_in_image(engine, image: str, args: list[str], entry: tuple[str, ...] =
     import docker
     import requests
 
-    from verl_deploy.launchers.docker import ROLE_LABEL, TMPFS
+    from verl_deploy.launchers.docker import ROLE_LABEL, TMPFS, discard
 
     try:
         container = engine.containers.run(
@@ -93,7 +93,7 @@ def check_in_image(engine, image: str, args: list[str], entry: tuple[str, ...] =
         raise LaunchError(f"verl's config check in {image} gave no answer within {CHECK_TIMEOUT_S} s: is this host "
                           "busy? Try again") from None
     finally:
-        container.remove(force=True)
+        discard(container)
     if code == 2:
         raise LaunchError(f"verl's config rejects the overrides: {composition_error(err)}")
     if code != 0:  # verl's validation: its exception, the last line (3), or the check's own crash
