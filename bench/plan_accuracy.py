@@ -44,13 +44,13 @@ BENCH_SHAPE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, 
 
 COMMON = ["data.train_files=toy:letter", "trainer.device=cpu", "trainer.val_before_train=false",
           "trainer.resume=disable", "data.max_prompt_length=64", "rollout.name=hf"]
+FP32 = ["algorithm.adv_estimator=grpo", "rollout.n=4", "data.batch_size=8", "data.max_response_length=48",
+        "actor.ppo_micro_batch_size_per_gpu=16", "actor.use_kl_loss=true", "actor.ppo_epochs=2"]
 CASES = {
     # the quickstart itself: builtin:tiny, GRPO, fp32, the lean path, the builtin decoder
     "quickstart": {"config": "examples/quickstart.yaml", "model": "builtin:tiny",
                    "set": ["actor.ppo_micro_batch_size_per_gpu=16"]},
-    "fp32": {"model": "bench", "set": ["algorithm.adv_estimator=grpo", "rollout.n=4", "data.batch_size=8",
-                                      "data.max_response_length=48", "actor.ppo_micro_batch_size_per_gpu=16",
-                                      "actor.use_kl_loss=true", "actor.ppo_epochs=2"]},
+    "fp32": {"model": "bench", "set": FP32},
     "fp32-checkpointing": {"model": "bench", "set": ["algorithm.adv_estimator=grpo", "rollout.n=4", "data.batch_size=8",
                                                     "data.max_response_length=48", "model.gradient_checkpointing=true",
                                                     "actor.ppo_micro_batch_size_per_gpu=16"]},
@@ -62,6 +62,15 @@ CASES = {
                                                     "data.max_response_length=48", "model.dtype=bfloat16",
                                                     "model.gradient_checkpointing=true",
                                                     "actor.ppo_micro_batch_size_per_gpu=16"]},
+    # verl's memory settings (each against "fp32", its base: the same step with the setting off)
+    "chunked": {"model": "bench", "base": "fp32", "set": [*FP32, "actor.entropy_from_logits_with_chunking=true",
+                                                        "actor.entropy_from_logits_chunk_size=64",
+                                                        "ref.entropy_from_logits_with_chunking=true",
+                                                        "ref.entropy_from_logits_chunk_size=64"]},
+    "entropy-checkpointing": {"model": "bench", "base": "fp32", "set": [*FP32, "actor.entropy_checkpointing=true"]},
+    "dynamic-bsz": {"model": "bench", "base": "fp32", "set": [*FP32, "actor.use_dynamic_bsz=true",
+                                                            "actor.ppo_max_token_len_per_gpu=640"]},
+    "padding-free": {"model": "bench", "base": "fp32", "set": [*FP32, "model.use_remove_padding=true"]},
     "ppo-critic": {"model": "bench", "set": ["algorithm.adv_estimator=gae", "rollout.n=1", "data.batch_size=16",
                                             "data.max_response_length=48", "actor.ppo_micro_batch_size_per_gpu=8",
                                             "critic.ppo_micro_batch_size_per_gpu=8", "model.dtype=bfloat16"]},
@@ -232,8 +241,12 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
                          if torch.is_tensor(t) and t.dim() > 0),
     }
     gpu = {"gpu_memory": str(torch.cuda.get_device_properties(0).total_memory)} if device == "cuda" else {}
-    predicted = plan(config_file, overrides, runtime="verl-deploy", prompt_length=width, read_data=False,
-                     with_suggestions=False, gpus="1" if device == "cuda" else None, **gpu)
+    prompt_length, response_length = width, None
+    if config.model.use_remove_padding:  # packed: the real tokens count; the largest micro-batch's, per sequence
+        prompt_length, response_length = _packed_lengths(batch, width, config.actor.ppo_micro_batch_size_per_gpu or mini)
+    predicted = plan(config_file, overrides, runtime="verl-deploy", prompt_length=prompt_length,
+                     response_length=response_length, read_data=False, with_suggestions=False,
+                     gpus="1" if device == "cuda" else None, **gpu)
     phases = {p.name: p for p in predicted.memory.phases}
     # The lean CPU path computes each distinct prompt of a micro-batch once; the plan assumes every group's prompt
     # differs (the safe side). The quickstart's toy prompts repeat (8 templates), so the step's own count is
@@ -242,9 +255,15 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
     distinct = max(len(torch.unique(batch["input_ids"][i:i + micro, :width], dim=0))
                    for i in range(0, len(batch["input_ids"]), micro))
     as_run = None
-    if distinct < -(-micro // config.rollout.n):
-        from verl_deploy.plan.core import _evaluate
+    from verl_deploy.plan.core import _evaluate
 
+    if config.actor.use_dynamic_bsz:
+        # token budgets: the planner takes every sequence at the padded width (budget // width rows); as run, the
+        # real tokens decide how many rows share a micro-batch: plan the largest micro-batch's rows too
+        again = _evaluate(predicted.workload.with_(**_dynamic_rows(config, batch, mini)), predicted.model, None,
+                          predicted.lengths, predicted.device)
+        as_run = {p.name: p for p in again.memory.phases}
+    elif distinct < -(-micro // config.rollout.n):
         again = _evaluate(predicted.workload.with_(distinct_prompts=distinct), predicted.model, None,
                           predicted.lengths, predicted.device)
         as_run = {p.name: p for p in again.memory.phases}
@@ -260,11 +279,17 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
             guess += phase.components["rollout"] - resident_rollout
         row = {"case": name, "phase": phase.name, "measured_bytes": measured, "predicted_bytes": int(guess),
                "error": (guess - measured) / measured if measured else 0.0, "detail": phase.detail}
-        exact = (sum(as_run[phase.name].components[c] for c in TRANSIENT) + _planned_gradients(predicted, "actor")
-                 if as_run and label == "actor.update" else None)
+        exact = None
+        if as_run and label != "generate" and (config.actor.use_dynamic_bsz or not label.startswith(("critic",
+                                                                                                     "compute_values"))):
+            exact = sum(as_run[phase.name].components[c] for c in TRANSIENT)
+            if label.endswith(".update"):
+                exact += _planned_gradients(predicted, "critic" if label.startswith("critic") else "actor")
         if exact is not None and exact != guess:
+            why = (f" (as run: {as_run[phase.name].detail})" if config.actor.use_dynamic_bsz
+                   else f" ({distinct} distinct prompts)")
             row.update({"planned_as_run_bytes": int(exact), "error_as_run": (exact - measured) / measured,
-                        "distinct_prompts": distinct, "detail": phase.detail + f" ({distinct} distinct prompts)"})
+                        "distinct_prompts": distinct, "detail": phase.detail + why})
         rows.append(row)
     ref_bytes = predicted.workload.ref_bytes if predicted.workload.use_ref else 0
     planned_static = {"weights": phases["actor update"].components["weights"]
@@ -285,12 +310,66 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
             "static": exact, "parameters": predicted.model.params}
 
 
+def _packed_lengths(batch: dict, width: int, micro: int) -> tuple[int, int]:
+    """Per-sequence prompt and response tokens of the micro-batch with the most real tokens (what a packed
+    micro-batch holds; the plan's typical lengths are per-sequence means)."""
+    mask = batch["attention_mask"]
+    best = max(range(0, len(mask), micro), key=lambda i: int(mask[i:i + micro].sum()))
+    part = mask[best:best + micro]
+    return round(float(part[:, :width].sum()) / len(part)), round(float(part[:, width:].sum()) / len(part))
+
+
+def _dynamic_rows(config, batch: dict, mini: int) -> dict:
+    """The largest micro-batch's rows each phase's token budget gave in this step (verl_runtime's own split)."""
+    from verl_runtime.seqlen_balancing import token_budget_split
+    from verl_runtime.workers.actor import token_budget
+
+    def largest(rows: dict, budget) -> int:
+        return max(len(p) for p in token_budget_split(rows, budget[0], budget[1]))
+
+    actor, rollout, ref = config.actor, config.rollout, config.ref
+    minis = [{"attention_mask": batch["attention_mask"][i:i + mini]} for i in range(0, len(batch["attention_mask"]), mini)]
+    update = token_budget(config, actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu, "actor")
+    infer = token_budget(config, rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu, "rollout")
+    reference = token_budget(config, ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu, "ref")
+    whole = {"attention_mask": batch["attention_mask"]}
+    return {"micro_update": max(largest(m, update) for m in minis), "dynamic_tokens_update": None,
+            "micro_old_logprob": largest(whole, infer), "dynamic_tokens_infer": None,
+            "micro_ref": largest(whole, reference), "dynamic_tokens_ref": None}
+
+
 def _planned_gradients(predicted, role: str) -> int:
     """The plan's gradient bytes of one role (the phase's gradients hold the critic's too)."""
     w = predicted.workload
     critic = 4 * predicted.model.critic_params / (w.world if w.critic_sharded else 1) if w.use_critic else 0
     actor = 4 * predicted.model.params / (w.world if w.actor_sharded else 1)
     return int(critic if role == "critic" else actor)
+
+
+def print_changes(results: list[dict]) -> float:
+    """Each memory-setting case against its base (the same step without the setting): the measured and the
+    planned ratio of every phase's peak; the error is the planned ratio's relative to the measured one."""
+    by_name = {r["case"]: r for r in results}
+    worst, lines = 0.0, []
+    for result in results:
+        base = by_name.get(CASES[result["case"]].get("base"))
+        if base is None:
+            continue
+        base_rows = {row["phase"]: row for row in base["rows"]}
+        for row in result["rows"]:
+            before = base_rows.get(row["phase"])
+            if before is None or row["phase"] == "rollout":
+                continue
+            measured = row["measured_bytes"] / before["measured_bytes"]
+            planned = (row.get("planned_as_run_bytes", row["predicted_bytes"])
+                       / before.get("planned_as_run_bytes", before["predicted_bytes"]))
+            error = planned / measured - 1
+            worst = max(worst, abs(error))
+            lines.append(f"{result['case']:<22} {row['phase']:<20} {measured:>9.2f}x {planned:>9.2f}x {error:>+7.1%}")
+    if lines:
+        print(f"\n{'setting (vs its base)':<22} {'phase':<20} {'measured':>10} {'planned':>10} {'error':>7}")
+        print("\n".join(lines))
+    return worst
 
 
 def main(argv=None) -> int:
@@ -326,10 +405,12 @@ def main(argv=None) -> int:
             error = row.get("error_as_run", row["error"])
             worst = max(worst, abs(error))
             predicted = row.get("planned_as_run_bytes", row["predicted_bytes"])
-            extra = (f"; planned with every prompt distinct: {row['predicted_bytes'] / MiB:.2f} MiB, "
+            first = "from the token budget" if "(as run:" in row["detail"] else "with every prompt distinct"
+            extra = (f"; planned {first}: {row['predicted_bytes'] / MiB:.2f} MiB, "
                      f"{row['error']:+.1%}" if "error_as_run" in row else "")
             print(f"{row['case']:<20} {row['phase']:<20} {row['measured_bytes'] / MiB:>13.2f} "
                   f"{predicted / MiB:>14.2f} {error:>+7.1%}  {row['detail']}{extra}")
+    worst = max(worst, print_changes(results))
     static_ok = all(v["measured"] == v["predicted"] for r in results for v in r["static"].values())
     print(f"\nweights, gradients, AdamW moments: {'equal to the byte' if static_ok else 'DIFFER'} "
           f"({', '.join(r['case'] for r in results)})")

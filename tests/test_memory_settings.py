@@ -161,3 +161,29 @@ def test_micro_batches_are_balanced_as_verl_balances_them(verl):
         workloads = lengths.tolist()
         assert seqlen_balancing.get_seqlen_balanced_partitions(workloads, 3, False) == \
             theirs.get_seqlen_balanced_partitions(workloads, 3, False)
+
+
+def test_the_planner_sees_each_setting_of_our_runtime():
+    """Each setting moves the planned peak of the phases it touches, the way bench/plan_accuracy.py measures it on
+    the CPU (Qwen2.5-0.5B's shape on one H100, GRPO: packed rows at their typical length, not the limits)."""
+    from conftest import FIXTURES
+    from verl_deploy.plan import plan
+    from verl_deploy.sizes import parse_gpus
+
+    base = [f"model.path={FIXTURES / 'models' / 'Qwen2.5-0.5B-Instruct'}", "algorithm.adv_estimator=grpo",
+            "rollout.n=8", "data.batch_size=16", "data.max_prompt_length=512", "data.max_response_length=2048",
+            "actor.ppo_micro_batch_size_per_gpu=16", "rollout.log_prob_micro_batch_size_per_gpu=16", "actor.ppo_epochs=2"]
+
+    def peaks(*settings):
+        planned = plan(None, [*base, *settings], read_data=False, with_suggestions=False, gpus=parse_gpus("1"),
+                       gpu_type="H100", this_host=False)
+        return {p.name: p.peak for p in planned.memory.phases}
+
+    plain = peaks()
+    chunked = peaks("actor.entropy_from_logits_with_chunking=true")
+    assert chunked["actor update"] < plain["actor update"] and chunked["old log-probs"] < plain["old log-probs"]
+    dynamic = peaks("actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=10240")  # 4 sequences
+    assert dynamic["actor update"] < plain["actor update"] and dynamic["old log-probs"] < plain["old log-probs"]
+    packed = peaks("model.use_remove_padding=true")
+    assert packed["actor update"] < plain["actor update"]
+    assert peaks("actor.entropy_checkpointing=true") == plain  # our fused log-prob and entropy: nothing to save

@@ -330,33 +330,41 @@ def response_log_probs(
     samples, without transformers' per-call overhead); others their forward with ``logits_to_keep`` where supported.
     With memory settings (LogProbMemory) the same numbers come from the hidden states (packed: zeros at padding).
     """
-    from verl_runtime.algorithms import logprobs_and_entropy_from_logits, logprobs_from_logits
+    from verl_runtime.algorithms import logprobs_from_logits
 
     if not memory.plain and _plain_head(model):
         return _memory_log_probs(model, input_ids, attention_mask, position_ids, response_length, temperature,
                                  with_entropy, memory)
     logits = response_logits(model, input_ids, attention_mask, position_ids, response_length, temperature)
     responses = input_ids[:, -response_length:]
-    if with_entropy and (memory.chunk_size or memory.checkpoint):  # a head of its own: verl's chunked entropy only
-        return logprobs_from_logits(logits, responses), _entropy(logits, memory)
+    if with_entropy and memory.chunk_size:  # a head of its own: verl's chunked entropy only
+        return logprobs_from_logits(logits, responses), _chunked_entropy(logits, memory)
     if with_entropy:
-        return logprobs_and_entropy_from_logits(logits, responses)
+        return _logprobs_and_entropy(logits, responses, memory.checkpoint)
     return logprobs_from_logits(logits, responses), None
 
 
-def _entropy(logits: torch.Tensor, memory: LogProbMemory) -> torch.Tensor:
-    """verl's entropy under its settings: chunked, and/or recomputed in the backward (transformer_impl.py:1397-1409)."""
-    from verl_runtime.algorithms import entropy_from_logits, entropy_from_logits_with_chunking
+def _logprobs_and_entropy(logits: torch.Tensor, labels: torch.Tensor, checkpoint: bool):
+    """The log-probs and entropy from one log-softmax; with checkpoint (entropy_checkpointing, when training) its
+    probabilities are recomputed in the backward instead of kept from the forward (verl checkpoints the entropy alone,
+    transformer_impl.py:1406-1409; here both come from the same softmax, so both are recomputed)."""
+    from verl_runtime.algorithms import logprobs_and_entropy_from_logits
+
+    if checkpoint and torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(logprobs_and_entropy_from_logits, logits, labels, use_reentrant=False)
+    return logprobs_and_entropy_from_logits(logits, labels)
+
+
+def _chunked_entropy(logits: torch.Tensor, memory: LogProbMemory) -> torch.Tensor:
+    """verl's entropy_from_logits_with_chunking over the whole logits (recomputed in the backward with checkpoint)."""
+    from verl_runtime.algorithms import entropy_from_logits_with_chunking
 
     flat = logits.reshape(-1, logits.shape[-1])
-    if memory.chunk_size:
-        fn = lambda x: entropy_from_logits_with_chunking(x, memory.chunk_size)  # noqa: E731
-    else:
-        fn = entropy_from_logits
     if memory.checkpoint and torch.is_grad_enabled():
-        entropy = torch.utils.checkpoint.checkpoint(fn, flat, use_reentrant=False)
+        entropy = torch.utils.checkpoint.checkpoint(entropy_from_logits_with_chunking, flat, memory.chunk_size,
+                                                    use_reentrant=False)
     else:
-        entropy = fn(flat)
+        entropy = entropy_from_logits_with_chunking(flat, memory.chunk_size)
     return entropy.view(logits.shape[:-1])
 
 
@@ -374,11 +382,7 @@ def _plain_head(model) -> bool:
 
 def _memory_log_probs(model, input_ids, attention_mask, position_ids, response_length, temperature, with_entropy,
                       memory: LogProbMemory):
-    from verl_runtime.algorithms import (
-        logprobs_and_entropy_from_logits,
-        logprobs_from_hidden_with_chunking,
-        logprobs_from_logits,
-    )
+    from verl_runtime.algorithms import logprobs_from_hidden_with_chunking, logprobs_from_logits
 
     oom.note_micro_batch(input_ids)  # what an out-of-memory error names
     hidden, where = response_hidden(model, input_ids, attention_mask, position_ids, response_length, memory.packed)
@@ -391,10 +395,8 @@ def _memory_log_probs(model, input_ids, attention_mask, position_ids, response_l
     else:
         logits = head(hidden).float()
         logits = logits / temperature if temperature != 1.0 else logits
-        if with_entropy and memory.checkpoint:
-            log_prob, entropy = logprobs_from_logits(logits, labels), _entropy(logits, memory)
-        elif with_entropy:
-            log_prob, entropy = logprobs_and_entropy_from_logits(logits, labels)
+        if with_entropy:
+            log_prob, entropy = _logprobs_and_entropy(logits, labels, memory.checkpoint)
         else:
             log_prob, entropy = logprobs_from_logits(logits, labels), None
     return _unflatten(log_prob, where, responses), (None if entropy is None else _unflatten(entropy, where, responses))

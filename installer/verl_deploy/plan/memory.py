@@ -243,12 +243,33 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     phases = [_phase("rollout", resident, rollout_detail, rollout=rollout_extra)]
     share, mini_share = work.rows_per_gpu, work.mini_rows_per_gpu
     R, Pl = lengths.response, lengths.prompt
+    # verl's memory settings in our runtime (models.LogProbMemory): packed rows take the decoder's own forward (not
+    # the lean path), with transformers' block-diagonal [N, N] mask on the CPU (flash-attention's varlen on a GPU);
+    # chunked log-probs make one chunk of the vocabulary-wide tensors at a time
+    packed = work.padding_free
+    lean = lean and not packed
 
-    def inference(rows: int, model: ModelShape, widths: Widths, reg: str, logits: bool, lean_ok: bool) -> dict:
+    def rows_of(micro: int | None, budget: int | None, of: int) -> int:
+        """Sequences per micro-batch: the fixed size, or as many as the token budget holds (use_dynamic_bsz)."""
+        return max(min(budget // (Pl + R), of), 1) if budget else _rows(micro, of)
+
+    def mask_bytes(tokens: int, layers: int = 1) -> int:
+        """The attention mask transformers makes (bool): [T, T] per row; packed, [N, N] on the CPU, which sdpa turns
+        into a float mask in every layer (kept for the backward: layers; without autograd one at a time)."""
+        if not packed:
+            return tokens * (Pl + R)
+        return 0 if cuda else tokens * tokens * (1 + 4 * layers)
+
+    def inference(rows: int, model: ModelShape, widths: Widths, reg: str, logits: bool, lean_ok: bool,
+                  chunk: int | None = None) -> dict:
         """A forward without autograd, layer after layer, then the log-probs: the larger of the two moments (the
         layers' live tensors and weight copies are gone when the vocabulary-wide tensors are made)."""
         tokens = rows * (Pl + R)
-        live = tokens * layer_live(widths, reg) + (0 if lean_ok else tokens * (Pl + R))  # + the [T, T] mask
+        live = tokens * layer_live(widths, reg) + (0 if lean_ok else mask_bytes(tokens))
+        if lean_ok:  # each distinct prompt once (lean_model.shared_prefix_hidden); each row's keys and values, bias
+            distinct = work.distinct_prompts or _distinct(rows, work.n)
+            live = ((distinct * Pl + rows * R) * layer_live(widths, reg) + 4 * 2 * widths.kd * tokens
+                    + 4 * rows * R * (Pl + R))
         copies = 0
         if lean_ok:
             copies = 4 * model.layers * model.linear_named("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -257,36 +278,43 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         vocab = 0
         if logits:
             per_row = rows * R * model.vocab
-            # logits (+ the fp32 HF path's extra R+1-row tensor), then log_softmax's output
-            vocab = 8 * per_row if (lean_ok or reg != "fp32") else 12 * per_row
+            # logits (+ the fp32 HF path's extra R+1-row tensor), then log_softmax's output; from the hidden states
+            # (packed, chunked) exactly the response rows, one chunk of them at a time when chunked
+            if chunk:
+                vocab = 8 * min(chunk, rows * R) * model.vocab
+            else:
+                vocab = 8 * per_row if (lean_ok or packed or reg != "fp32") else 12 * per_row
         if copies + live >= vocab:
             return {"weight_copies": copies, "activations": live}
         return {"logits": vocab}
 
     if work.use_ref:
-        rows = _rows(work.micro_ref, share)
+        rows = rows_of(work.micro_ref, work.dynamic_tokens_ref, share)
         ref_regime = "fp32" if work.ref_bytes == 4 else "pure"
         phases.append(_phase("reference log-probs", resident, f"micro-batch {rows} x {Pl + R} tokens",
-                             **inference(rows, shape, w, ref_regime, True, lean)))
+                             **inference(rows, shape, w, ref_regime, True, lean, work.ref_entropy_chunk)))
     if work.use_critic:
-        rows = _rows(work.micro_values, share)
+        rows = rows_of(work.micro_values, work.dynamic_tokens_values, share)
         crit_resident = resident if critic_here else _critic_pool(critic, work, cuda)
         phases.append(_phase("critic values", crit_resident, f"micro-batch {rows} x {Pl + R} tokens",
                              **inference(rows, critic, wc, regime, False, False)))
+    chunk = work.entropy_chunk if work.entropy_chunking else None
     if work.old_log_prob_pass:
-        rows = _rows(work.micro_old_logprob, share)
+        rows = rows_of(work.micro_old_logprob, work.dynamic_tokens_infer, share)
         phases.append(_phase("old log-probs", resident, f"micro-batch {rows} x {Pl + R} tokens",
-                             **inference(rows, shape, w, regime, True, lean)))
+                             **inference(rows, shape, w, regime, True, lean, chunk)))
     if work.use_critic:
-        rows = _rows(work.micro_critic, mini_share)
+        rows = rows_of(work.micro_critic, work.dynamic_tokens_critic, mini_share)
         crit_resident = resident if critic_here else _critic_pool(critic, work, cuda)
         moment = _train_activations(critic, wc, regime, rows, Pl, R, work.gradient_checkpointing, False,
-                                    work.n, c == 2, work.critic_sharded, lm_head=False)
+                                    work.n, c == 2, work.critic_sharded, lm_head=False,
+                                    mask=mask_bytes(rows * (Pl + R), critic.layers))
         phases.append(_phase("critic update", crit_resident, f"micro-batch {rows} x {Pl + R} tokens", **moment))
-    rows = _rows(work.micro_update, mini_share)
+    rows = rows_of(work.micro_update, work.dynamic_tokens_update, mini_share)
     lean_update = lean and not work.gradient_checkpointing
     moment = _train_activations(shape, w, regime, rows, Pl, R, work.gradient_checkpointing, lean_update,
-                                work.n, c == 2, work.actor_sharded, distinct=work.distinct_prompts)
+                                work.n, c == 2, work.actor_sharded, distinct=work.distinct_prompts,
+                                mask=mask_bytes(rows * (Pl + R), shape.layers), chunk=chunk, packed=packed)
     ckpt_note = ", gradient checkpointing" if work.gradient_checkpointing else ""
     phases.append(_phase("actor update", resident, f"micro-batch {rows} x {Pl + R} tokens{ckpt_note}", **moment))
     if work.actor_sharded or (work.rollout == "vllm" and cuda):
@@ -308,21 +336,29 @@ def _critic_pool(critic: ModelShape, work: Workload, cuda: bool) -> dict[str, in
 
 def _train_activations(shape: ModelShape, w: Widths, regime: str, rows: int, prompt: int, response: int,
                        checkpointing: bool, lean: bool, n: int, autocast: bool, sharded: bool,
-                       lm_head: bool = True, distinct: int | None = None) -> dict[str, int]:
+                       lm_head: bool = True, distinct: int | None = None, mask: int | None = None,
+                       chunk: int | None = None, packed: bool = False) -> dict[str, int]:
     """The activations, weight copies and logits of one micro-batch's forward and backward in our runtime, at its
     peak: the end of the forward (everything saved, and the vocabulary-wide tensors of the log-probs), or, with
     gradient checkpointing, a layer's recomputation in the backward if that is larger. A critic (lm_head=False) has
-    a value head instead of the vocabulary projection."""
+    a value head instead of the vocabulary projection. mask: the attention mask's bytes (default: [T, T] per row);
+    chunk: log-probs chunk by chunk under checkpoint (only one chunk's tensors, in the backward's recomputation);
+    packed: the head reads exactly the response positions' hidden states."""
     tokens = rows * (prompt + response)
+    mask = tokens * (prompt + response) if mask is None else mask
     head_weights = shape.vocab * shape.hidden if lm_head else 0
     matrices = shape.linear_weight_params - shape.vocab * shape.hidden + head_weights
     units = 4 * (shape.root_params + 2 * shape.layer_params) if sharded else 0
     logits = 0
-    if lm_head:
-        # the fp32 logits (the HF path's R+1 rows; the lean path makes exactly R), log_softmax, its exp, their product
-        logits = (4 * rows * (response if lean else response + 1) + 12 * rows * response) * shape.vocab
+    if lm_head and chunk:
+        # one chunk recomputed in the backward: its logits, log_softmax, exp and the logits' gradient
+        logits = 16 * min(chunk, rows * response) * shape.vocab
+    elif lm_head:
+        # the fp32 logits (the HF path's R+1 rows; the lean and packed paths make exactly R), log_softmax, its exp,
+        # their product
+        logits = (4 * rows * (response if (lean or packed) else response + 1) + 12 * rows * response) * shape.vocab
     if lean:
-        distinct = distinct or min(math.ceil(rows / max(n, 1)) + (1 if rows % max(n, 1) else 0), rows)
+        distinct = distinct or _distinct(rows, n)
         per_layer = (4 * (7 * w.h + 3 * w.kd + w.mlp_saved + w.a + 2) * distinct * prompt
                      + 4 * (6 * w.h + w.kd + w.mlp_saved + w.a + 2) * rows * response
                      + 4 * 2 * w.kd * rows * (prompt + response))  # each row's copy of its prompt's keys, values
@@ -330,7 +366,7 @@ def _train_activations(shape: ModelShape, w: Widths, regime: str, rows: int, pro
         head = rows * response * 4 * 3 * w.h  # the final norm, on the positions that predict a response token
         return {"activations": shape.layers * per_layer + head, "weight_copies": fused + units, "logits": logits}
     head_input = rows * (response + 1) * w.h * (2 if autocast else 4) if lm_head else 0
-    head = tokens * head_saved(w, regime) + head_input + tokens * (prompt + response)  # + the boolean [T, T] mask
+    head = tokens * head_saved(w, regime) + head_input + mask
     if not checkpointing:
         casts = 2 * matrices if autocast else 0
         return {"activations": shape.layers * tokens * layer_saved(w, regime) + head,
@@ -341,6 +377,11 @@ def _train_activations(shape: ModelShape, w: Widths, regime: str, rows: int, pro
     recompute = {"activations": kept + tokens * layer_saved(w, regime), "weight_copies": layer_casts + units,
                  "logits": 0}
     return max(end_of_forward, recompute, key=lambda m: sum(m.values()))
+
+
+def _distinct(rows: int, n: int) -> int:
+    """Distinct prompts in a micro-batch of rows, groups of n samples each, at the worst alignment."""
+    return min(math.ceil(rows / max(n, 1)) + (1 if rows % max(n, 1) else 0), rows)
 
 
 def _ceil(x: int, unit: int) -> int:

@@ -54,6 +54,7 @@ class Workload:
     dynamic_tokens_infer: int | None = None
     dynamic_tokens_ref: int | None = None
     dynamic_tokens_critic: int | None = None
+    dynamic_tokens_values: int | None = None  # ours: the critic's forward (critic.forward_max_token_len_per_gpu)
     param_offload: bool = False  # verl: parameters (and gradients) on the CPU between phases
     optimizer_offload: bool = False
     offload_policy: bool = False  # verl FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer on the CPU always
@@ -63,6 +64,7 @@ class Workload:
     entropy_chunking: bool = False  # verl entropy_from_logits_with_chunking: entropy over row chunks, in fp32
     entropy_chunk: int = 2048  # verl entropy_from_logits_chunk_size
     entropy_checkpointing: bool = False  # verl: the entropy recomputed in the backward
+    ref_entropy_chunk: int | None = None  # ours: the reference's chunked log-probs (ref.entropy_from_logits_*)
     lora_rank: int = 0
     lora_targets: Any = "all-linear"
     lora_exclude: tuple = ()
@@ -125,14 +127,39 @@ def from_ours(config, world: int, nodes: int, device: str) -> Workload:
         micro_ref=config.ref.log_prob_micro_batch_size_per_gpu, micro_critic=config.critic.ppo_micro_batch_size_per_gpu,
         micro_values=config.critic.ppo_micro_batch_size_per_gpu, old_log_prob_pass=not on_policy,
         max_prompt_length=config.data.max_prompt_length, max_response_length=config.data.max_response_length,
-        padding_free=False, compute_bytes=compute, ref_bytes=compute,
+        compute_bytes=compute, ref_bytes=compute,
         actor_sharded=config.actor.strategy == "fsdp" and world > 1,
         critic_sharded=config.critic.strategy == "fsdp" and world > 1,
         gradient_checkpointing=config.model.gradient_checkpointing, rollout=config.rollout.name,
         gpu_memory_utilization=config.rollout.gpu_memory_utilization, rollout_tp=config.rollout.tensor_model_parallel_size,
         vllm_sleeps=vllm and config.rollout.enable_sleep_mode and device == "cuda",
         placement_split=config.trainer.placement == "split" and use_critic, keys=dict(OUR_KEYS), notes=tuple(notes),
+        **_our_memory_settings(config),
     )
+
+
+def _our_memory_settings(config) -> dict[str, Any]:
+    """verl's memory settings as our runtime applies them (verl_runtime/workers/actor.py token_budget, actor_memory,
+    ref_memory): an unset (None) budget or switch takes the actor's, as verl's config interpolates them."""
+    actor, ref, rollout, critic = config.actor, config.ref, config.rollout, config.critic
+
+    def budget(use, tokens):
+        use = actor.use_dynamic_bsz if use is None else use
+        return (tokens or actor.ppo_max_token_len_per_gpu) if use else None
+
+    return {
+        "padding_free": config.model.use_remove_padding,
+        "dynamic_tokens_update": budget(actor.use_dynamic_bsz, actor.ppo_max_token_len_per_gpu),
+        "dynamic_tokens_infer": budget(rollout.log_prob_use_dynamic_bsz, rollout.log_prob_max_token_len_per_gpu),
+        "dynamic_tokens_ref": budget(ref.log_prob_use_dynamic_bsz, ref.log_prob_max_token_len_per_gpu),
+        "dynamic_tokens_critic": budget(critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu),
+        "dynamic_tokens_values": budget(critic.use_dynamic_bsz,
+                                        critic.forward_max_token_len_per_gpu or critic.ppo_max_token_len_per_gpu),
+        "entropy_chunking": actor.entropy_from_logits_with_chunking,
+        "entropy_chunk": actor.entropy_from_logits_chunk_size,
+        "entropy_checkpointing": actor.entropy_checkpointing,
+        "ref_entropy_chunk": ref.entropy_from_logits_chunk_size if ref.entropy_from_logits_with_chunking else None,
+    }
 
 
 def _our_compute_bytes(dtype: str, device: str) -> int:
