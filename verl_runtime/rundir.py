@@ -12,6 +12,9 @@ CLI read, torch-free: the live trainer's lock and the checkpoint manifests.
     <run_dir>/job-exit.json                        {job_id, restart, exit_code}: how the batch script's last start ended
     <run_dir>/trainer.lock                         flock()ed by the live trainer; JSON {pid, started, host} inside
     <run_dir>/tensorboard/                         TensorBoard event files
+    <run_dir>/wandb/, wandb-run-id                 W&B's run files (offline runs too), and its run id: a resume continues it
+    <run_dir>/mlruns/, mlflow-run-id               MLflow's local store (no MLFLOW_TRACKING_URI), and the run id a resume continues
+    <run_dir>/swanlog/                             SwanLab's local files
     <run_dir>/checkpoints/step_<N>/state.pt        weights, optimizer, RNG and data position of step N
     <run_dir>/checkpoints/step_<N>/manifest.json   {"step", "files": {name: {"size", "sha256"}}}, written last
     <run_dir>/checkpoints/.verified.json           checksums the host already verified (a cache: safe to delete)
@@ -43,6 +46,11 @@ JOB_LOG = "job.log"
 JOB_EXIT = "job-exit.json"
 LOCK_FILE = "trainer.lock"
 TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"
+WANDB_RUN_ID_FILE = "wandb-run-id"
+MLFLOW_DIR = "mlruns"
+MLFLOW_RUN_ID_FILE = "mlflow-run-id"
+SWANLAB_DIR = "swanlog"
 CHECKPOINTS_DIR = "checkpoints"
 STATE_FILE = "state.pt"
 MANIFEST_FILE = "manifest.json"

@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 
 # Environment variables that carry credentials: passed by name only, never written into a spec, a label or a log.
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "NEPTUNE_API_TOKEN", "MLFLOW_TRACKING_PASSWORD")
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "NEPTUNE_API_TOKEN", "MLFLOW_TRACKING_PASSWORD",
+              "MLFLOW_TRACKING_TOKEN", "SWANLAB_API_KEY")
 
 SECRETS_DIR = "/run/secrets"  # inside the container; VERL_DEPLOY_SECRETS_DIR moves it (tests, a local run)
 SECRETS_DIR_ENV = "VERL_DEPLOY_SECRETS_DIR"

@@ -27,6 +27,7 @@ from verl_runtime.controller.ray_backend import start_worker_groups, uses_ray
 from verl_runtime.data import Prompt, batch_indices, encode_prompts, load_rows, make_toy_rows, prompt_token_ids
 from verl_runtime.errors import TrainingError, UserError
 from verl_runtime.metrics import MetricsWriter, StepClock, format_console_line, format_validation_line
+from verl_runtime.trackers import open_trackers
 from verl_runtime.models import load_tokenizer, position_ids_from_mask
 from verl_runtime.rollout import SamplingParams
 from verl_runtime.rollout.base import left_pad
@@ -118,7 +119,9 @@ class SingleControllerTrainer:
             return
         print(f"[INFO] {len(train)} training prompts, {steps_per_epoch} steps per epoch; steps {start + 1}..{total}"
               f" -> {run_dir}", flush=True)
-        writer = MetricsWriter(run_dir, tensorboard=cfg.trainer.tensorboard, truncate_after=start)
+        trackers = open_trackers(cfg.trainer.trackers, run_dir, cfg.trainer.project_name, cfg.trainer.experiment_name,
+                                 cfg.to_dict())
+        writer = MetricsWriter(run_dir, tensorboard=cfg.trainer.tensorboard, truncate_after=start, trackers=trackers)
         try:
             with stop_requests() as stop, oom.translated(cfg):
                 if val and cfg.trainer.val_before_train and start == 0:

@@ -208,9 +208,10 @@ RULES: tuple[Rule, ...] = (
           "own run directory (trainer.run_dir; verl-deploy run --resume RUN)"),
     _maps("critic.strategy", "critic.strategy", "ours too: dp or fsdp (FSDP2 shards the critic across the workers; "
           "verl's fsdp2 is fsdp here), the same numbers either way"),
-    _maps("trainer.logger", "trainer.tensorboard",
-          "tensorboard in the list turns trainer.tensorboard on; console and metrics.jsonl are always written; "
-          "other trackers (wandb, mlflow, swanlab) are not here: a warning"),
+    _maps("trainer.logger", "trainer.trackers",
+          "tensorboard in the list turns trainer.tensorboard on; wandb, mlflow and swanlab go to trainer.trackers "
+          "(their own clients: pip install 'verl-deploy[trackers]'); console and metrics.jsonl are always written; "
+          "others (clearml, trackio, file, ...) are not here: a warning"),
     _maps("data.filter_overlong_prompts", "data.truncation", "true sets data.truncation=filter"),
     _maps("custom_reward_function.path", "reward.function", "with custom_reward_function.name: reward.function=PATH:NAME"),
     _maps("custom_reward_function.name", "reward.function", "the function in custom_reward_function.path"),
@@ -371,7 +372,6 @@ RULES: tuple[Rule, ...] = (
     _ignored("data.custom_cls.name", "a custom dataset class is not here (custom_cls.path is refused)"),
     _ignored("trainer.balance_batch", "verl reorders a batch's samples to balance sequence lengths across workers; "
              "samples stay in order here (with one worker nothing changes)"),
-    _ignored("trainer.project_name", "a tracker's project name: no tracker here (runs/<experiment_name> holds the run)"),
     _ignored("trainer.log_val_generations", "validation generations are not logged here"),
     _ignored("trainer.rollout_data_dir", "rollouts are not dumped here"),
     _ignored("trainer.validation_data_dir", "validation generations are not dumped here"),

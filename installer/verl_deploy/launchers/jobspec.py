@@ -32,6 +32,10 @@ DATA_DIR = "/data"
 
 # Hub settings that travel from the caller's environment into the run (not secrets): a mirror, offline mode.
 HUB_ENV = ("HF_ENDPOINT", "HF_HUB_OFFLINE")
+# trainer.logger's trackers' settings (not secrets: those are SECRET_ENV), read by their own clients in the run.
+TRACKER_ENV = ("WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_RUN_GROUP", "WANDB_TAGS",
+               "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_INSECURE_TLS",
+               "SWANLAB_MODE", "SWANLAB_WORKSPACE", "SWANLAB_LOG_DIR")
 PLAN_ENV = "VERL_DEPLOY_PLAN"  # run's pre-flight plan, compact JSON, for the trainer's out-of-memory line (docs/plan.md)
 
 # The config of a run given no CONFIG file, only overrides (verl's way): our defaults, then the overrides.
@@ -511,7 +515,7 @@ def build_spec(
                               "not a folder: copy the data into a claim and pass its name (`kubectl get pvc`)")
     run_id = check_run_id(run_id or new_run_id(config_path or Path(runtime)))
     environ = os.environ if environ is None else environ
-    env = {**{name: environ[name] for name in HUB_ENV if environ.get(name)}, **(env or {})}
+    env = {**{name: environ[name] for name in (*HUB_ENV, *TRACKER_ENV) if environ.get(name)}, **(env or {})}
     leaked = sorted(set(env) & set(SECRET_ENV))
     if leaked:
         raise LaunchError(f"{', '.join(leaked)} must come from the environment, not --env (it would be written down)")

@@ -1,0 +1,209 @@
+"""trainer.logger's trackers through their own clients: a real MLflow tracking server (SQLite store) started here on
+127.0.0.1 receives a quickstart run's metrics, read back through its REST API; a W&B offline run holds them, read
+back from its transaction log with wandb's own protobuf records; `--resume` continues the same MLflow and W&B run;
+a tracker that fails mid-run warns once and training goes on. Network: loopback only."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import free_port, require
+from launch_support import QUICKSTART, cli, metrics_steps, wait_for
+
+from verl_runtime import rundir
+from verl_runtime.metrics import MetricsWriter, read_metrics
+from verl_runtime.trackers import MlflowTracker, mlflow_key, open_trackers
+
+SHORT = ["--set", "data.max_response_length=8", "--set", "trainer.test_freq=-1", "--set", "trainer.val_before_train=false"]
+LOGGERS = ["--set", "trainer.logger=['console','mlflow','wandb']"]
+# The tests' server is the full mlflow, in a venv of its own (the Makefile's $(MLFLOW)); the trainer uses mlflow-skinny.
+MLFLOW = Path(sys.executable).parent.parent / "tools" / "mlflow" / "bin" / "mlflow"
+
+
+class MlflowServer:
+    def __init__(self, tmp_path: Path, backend: str | None = None):
+        require(MLFLOW.exists(), f"{MLFLOW} is missing (`make setup` installs it)")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"}
+        self.process = subprocess.Popen(
+            [MLFLOW, "server", "--backend-store-uri", backend or f"sqlite:///{tmp_path}/mlflow.db",
+             "--default-artifact-root", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port),
+             "--workers", "1"],
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "mlflow-server.log", "wb"), env=env)
+        assert wait_for(self._healthy, timeout_s=120), (tmp_path / "mlflow-server.log").read_text()[-2000:]
+
+    def _healthy(self) -> bool:
+        try:
+            return urllib.request.urlopen(f"{self.url}/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def get(self, path: str, **params) -> dict:
+        query = "&".join(f"{k}={urllib.parse.quote(str(v))}" for k, v in params.items())
+        with urllib.request.urlopen(f"{self.url}/api/2.0/mlflow/{path}?{query}", timeout=10) as answer:
+            return json.load(answer)
+
+    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        found = self.get("metrics/get-history", run_id=run_id, metric_key=mlflow_key(key))["metrics"]
+        return sorted((m["step"], m["value"]) for m in found)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    server = MlflowServer(tmp_path)
+    yield server
+    server.stop()
+
+
+def wandb_records(run_dir: Path) -> list:
+    """Every record of the run's W&B offline transaction logs (run-<id>.wandb), oldest run first, as wandb's own
+    protobuf Records. The file is wandb's LevelDB-style log: a 7-byte header, then 32 KiB blocks of chunks
+    (crc32, length, type: 1 full, 2 first, 3 middle, 4 last)."""
+    from wandb.proto import wandb_internal_pb2
+
+    records = []
+    for path in sorted((run_dir / rundir.WANDB_DIR).glob("offline-run-*/run-*.wandb")):
+        data, pos, chunk = path.read_bytes(), 7, b""
+        assert data[:4] == b":W&B"
+        while pos + 7 <= len(data):
+            left = 32768 - pos % 32768
+            if left < 7:
+                pos += left
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            if length == 0 and kind == 0:  # the zero padding of a block's end
+                pos += left
+                continue
+            chunk += data[pos + 7:pos + 7 + length]
+            pos += 7 + length
+            if kind in (1, 4):
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(chunk)
+                records.append(record)
+                chunk = b""
+    return records
+
+
+def wandb_history(run_dir: Path) -> tuple[set[str], dict[int, dict]]:
+    """(the run ids of the offline runs, {step: the step's logged values})."""
+    run_ids, steps = set(), {}
+    for record in wandb_records(run_dir):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run_ids.add(record.run.run_id)
+        elif kind == "history":
+            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            steps.setdefault(record.history.step.num, {}).update(items)
+    return run_ids, steps
+
+
+def assert_metrics_landed(run_dir: Path, server: MlflowServer, steps: list[int]) -> None:
+    records = {r["step"]: r for r in read_metrics(run_dir)}
+    assert sorted(records) == steps
+    run_id = (run_dir / rundir.MLFLOW_RUN_ID_FILE).read_text()
+    for name in ("actor/pg_loss", "critic/score/mean", "response_length/mean", "timing_s/step"):
+        assert server.history(run_id, name) == [(s, pytest.approx(records[s][name])) for s in steps], name
+    run = server.get("runs/get", run_id=run_id)["run"]
+    assert run["info"]["run_name"] == "quickstart" and run["info"]["status"] == "FINISHED"
+    experiment = server.get("experiments/get", experiment_id=run["info"]["experiment_id"])["experiment"]
+    assert experiment["name"] == "verl-deploy"  # trainer.project_name, as verl's MLflow experiment
+
+    run_ids, history = wandb_history(run_dir)
+    assert run_ids == {(run_dir / rundir.WANDB_RUN_ID_FILE).read_text()}, "a resume continues the same W&B run"
+    assert sorted(history) == steps
+    for step in steps:
+        assert history[step]["actor/pg_loss"] == pytest.approx(records[step]["actor/pg_loss"])
+        assert history[step]["critic/score/mean"] == pytest.approx(records[step]["critic/score/mean"])
+
+
+@pytest.fixture
+def tracker_env(monkeypatch, mlflow_server):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    return mlflow_server
+
+
+@pytest.mark.slow
+def test_local_run_lands_in_mlflow_and_wandb_and_resume_continues_both(tmp_path, tracker_env):
+    runs = tmp_path / "runs"
+    common = ["--target", "local", "--runs-dir", runs, *SHORT, *LOGGERS]
+    first = cli("run", QUICKSTART, *common, "--run-id", "trk-local", "--set", "trainer.total_training_steps=2")
+    assert first.exit_code == 0, first.output
+    assert_metrics_landed(runs / "trk-local", tracker_env, [1, 2])
+    mlflow_run = (runs / "trk-local" / rundir.MLFLOW_RUN_ID_FILE).read_text()
+
+    resumed = cli("run", QUICKSTART, *common, "--resume", "trk-local", "--set", "trainer.total_training_steps=3")
+    assert resumed.exit_code == 0, resumed.output
+    assert (runs / "trk-local" / rundir.MLFLOW_RUN_ID_FILE).read_text() == mlflow_run
+    assert_metrics_landed(runs / "trk-local", tracker_env, [1, 2, 3])
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_docker_run_lands_in_mlflow_and_wandb_and_resume_continues_both(tmp_path, cpu_image, monkeypatch, leftovers):
+    """The container writes MLflow's file store and W&B's offline run into the mounted run directory (no network
+    leaves the container); the test's MLflow server on 127.0.0.1 then serves that store through its REST API."""
+    runs = tmp_path / "runs"
+    leftovers.append("trk-dock")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # passed into the container (launchers' TRACKER_ENV)
+    common = ["--target", "docker", "--image", cpu_image, "--runs-dir", runs, "--shm-size", "1g", *SHORT, *LOGGERS]
+    first = cli("run", QUICKSTART, *common, "--run-id", "trk-dock", "--set", "trainer.total_training_steps=2")
+    assert first.exit_code == 0, first.output
+    resumed = cli("run", QUICKSTART, *common, "--resume", "trk-dock", "--set", "trainer.total_training_steps=3")
+    assert resumed.exit_code == 0, resumed.output
+    run_dir = runs / "trk-dock"
+    server = MlflowServer(tmp_path, backend=(run_dir / rundir.MLFLOW_DIR).as_uri())
+    try:
+        assert_metrics_landed(run_dir, server, [1, 2, 3])
+    finally:
+        server.stop()
+
+
+def test_a_tracker_whose_server_dies_mid_run_warns_once_and_metrics_go_on(tmp_path, mlflow_server, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    tracker = MlflowTracker(tmp_path, "verl-deploy", "dies", {})
+    with MetricsWriter(tmp_path, trackers=[tracker]) as writer:
+        writer.log(1, {"actor/pg_loss": 0.5})
+        mlflow_server.stop()
+        writer.log(2, {"actor/pg_loss": 0.25})
+        writer.log(3, {"actor/pg_loss": 0.125})
+    assert metrics_steps(tmp_path) == [1, 2, 3], "every step still in metrics.jsonl"
+    warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[WARN]")]
+    assert len(warnings) == 1 and warnings[0].startswith("[WARN] mlflow is off from step 2 ("), warnings
+
+
+def test_a_tracker_that_is_not_installed_or_cannot_start_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "swanlab", None)  # as where the trackers extra is not installed
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    assert open_trackers(["swanlab", "mlflow"], tmp_path, "p", "e") == []
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("[WARN] trainer.logger: swanlab is not installed") and "verl-deploy[trackers]" in lines[0]
+    assert lines[1].startswith("[WARN] trainer.logger: mlflow did not start (")
+
+
+def test_trainer_logger_names_the_trackers_as_verl_does(capsys):
+    from verl_runtime.config import load_config
+
+    config = load_config(None, ["trainer.logger=['console','wandb','mlflow','swanlab','clearml']",
+                                "trainer.project_name=my-project"])
+    assert config.trainer.trackers == ["wandb", "mlflow", "swanlab"] and config.trainer.tensorboard is False
+    assert config.trainer.project_name == "my-project"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: trainer.logger: clearml not here"), err
+    assert mlflow_key("val-core/openai/gsm8k/reward/mean@1") == "val-core/openai/gsm8k/reward/mean_at_1"
