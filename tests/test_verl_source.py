@@ -185,6 +185,35 @@ def test_not_a_verl_source_is_one_line(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
+def test_plan_reads_the_fork_s_own_defaults_where_they_differ_from_verl_s(verl_wheel, tmp_path):
+    """A fork whose ppo_trainer.yaml makes GRPO the default estimator: planned without a critic, unless the command
+    line says otherwise; a fork with verl's defaults plans as upstream verl does."""
+    from conftest import FIXTURES
+    from verl_deploy.plan.workload import VERL_DEFAULTS
+
+    same = make_fork(verl_wheel, tmp_path / "same")
+    grpo = make_fork(verl_wheel, tmp_path / "grpo")
+    config = grpo / "verl/trainer/config/ppo_trainer.yaml"
+    config.write_text(config.read_text().replace("\n  adv_estimator: gae\n", "\n  adv_estimator: grpo\n"))
+    assert verl_source.default_overrides(verl_source.resolve(str(same)), VERL_DEFAULTS) == []
+    assert verl_source.default_overrides(verl_source.resolve(str(grpo)), VERL_DEFAULTS) == ["algorithm.adv_estimator=grpo"]
+    line = [f"actor_rollout_ref.model.path={FIXTURES / 'models' / 'Qwen2.5-0.5B-Instruct'}",
+            "actor_rollout_ref.rollout.name=vllm", "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"]
+
+    def phases(fork, *extra):
+        result = CliRunner().invoke(app, ["plan", "--runtime", "verl", "--verl-source", str(fork), "--gpu-type", "H100",
+                                          "--gpus", "8", "--json", "--", *line, *extra])
+        assert result.exit_code in (0, 1), result.output
+        return {phase["name"] for phase in json.loads(result.stdout)["phases"]}
+
+    assert any("critic" in name for name in phases(same))
+    assert not any("critic" in name for name in phases(grpo))
+    assert any("critic" in name for name in phases(grpo, "algorithm.adv_estimator=gae"))
+
+
 # --- dry runs on the clusters: the fork's image by its tag (no engine needed) ---------------------------------------
 
 EXAMPLE = ["algorithm.adv_estimator=grpo", "data.train_files=/data/gsm8k/train.parquet",

@@ -308,6 +308,7 @@ def plan(
     prompt_length: int = typer.Option(None, "--prompt-length", help="Tokens per prompt to plan for (default: the data file's, else a quarter of data.max_prompt_length typical and the limit worst; docs/plan.md)."),
     response_length: int = typer.Option(None, "--response-length", help="Typical mean response tokens, for padding-free micro-batches (default: a quarter of data.max_response_length; the worst case is always the limit)."),
     json_output: bool = typer.Option(False, "--json", help="Print the plan as JSON (docs/plan.md)."),
+    verl_source: str = typer.Option(None, "--verl-source", help="With --runtime verl: plan from your verl's own defaults (its verl/trainer/config) where they differ from verl 0.9.1's."),
 ) -> None:
     """Will it fit? The per-GPU memory of every phase of a step, the verdict, and changes that make it fit.
     Exit 0 when it fits or is tight, 1 when it does not, 2 on bad input. See docs/plan.md."""
@@ -319,6 +320,8 @@ def plan(
     try:  # the arguments read as `run` reads them (launchers/runplan.py)
         runtime = check_runtime(runtime)
         config, overrides = config_and_overrides(args or [], overrides, runtime)
+        if verl_source:
+            overrides = [*_source_defaults(verl_source, runtime), *overrides]  # the command line's win
         result = make_plan(config, overrides, runtime=runtime, gpus=gpus_of(gpus), nodes=nodes, gpu_type=gpu_type,
                            gpu_memory=gpu_memory, prompt_length=prompt_length, response_length=response_length)
     except (PlanError, LaunchError, ValueError) as exc:
@@ -372,6 +375,20 @@ def status(
         typer.echo(f"  warning: checkpoint {name} is unusable ({why}): {then}")
     if found.detail:
         typer.echo(f"  {found.detail}")
+
+
+def _source_defaults(src: str, runtime: str) -> list[str]:
+    """The planner's verl keys that the --verl-source's own config sets otherwise, as overrides."""
+    from verl_deploy.launchers import LaunchError
+    from verl_deploy.plan.workload import VERL_DEFAULTS
+    from verl_deploy.verl_source import SourceError, default_overrides, resolve
+
+    if runtime != "verl":
+        raise LaunchError("--verl-source is upstream verl's: add --runtime verl")
+    try:
+        return default_overrides(resolve(src), VERL_DEFAULTS)
+    except SourceError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def _verl_source_line(run_dir) -> str | None:

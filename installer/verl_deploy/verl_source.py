@@ -557,3 +557,55 @@ def _transformers(reqs) -> str | None:
         if spec.contains(version, prereleases=True):
             return version
     return str(spec) or None
+
+
+# --- the source's own defaults ---------------------------------------------------------------------------------------
+
+CONFIG_DIR = "verl/trainer/config"
+
+
+def config_defaults(source: VerlSource, keys) -> dict[str, object]:
+    """The source's own defaults of these dotted keys, as its main_ppo composes them: verl's generated full config
+    (_generated_ppo_trainer.yaml, verl >= 0.5), then ppo_trainer.yaml's own values over it (what a fork edits; an
+    old verl's is the whole config). Interpolations (${...}) are left out: Hydra resolves them."""
+    import yaml
+
+    folder = source.root / source.package_parent / CONFIG_DIR
+    found: dict[str, object] = {}
+    for name in ("_generated_ppo_trainer.yaml", "ppo_trainer.yaml"):
+        if (file := folder / name).is_file():
+            try:
+                found.update(_flatten(yaml.safe_load(file.read_text()) or {}))
+            except yaml.YAMLError as exc:
+                raise SourceError(f"{file} is not YAML ({str(exc).splitlines()[0]}): correct it in the source") from None
+    return {key: found[key] for key in keys if key in found and not (isinstance(found[key], str) and "${" in found[key])}
+
+
+def _flatten(tree, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if key == "defaults":
+                continue
+            out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+        out[prefix[:-1]] = tree
+    return out
+
+
+def default_overrides(source: VerlSource, upstream: dict[str, object]) -> list[str]:
+    """key=value for each key of upstream's defaults (the planner's, verl 0.9.1's) that the source's own config
+    sets otherwise: given before the command line's overrides, which win. Left out: Hydra's required marker (???)
+    and the keys the planner keeps as None (unset or derived there: a micro batch size, the critic's model, which
+    verl's own file gives as a placeholder path)."""
+    own = config_defaults(source, upstream)
+    return [f"{key}={_text(value)}" for key, value in own.items()
+            if upstream[key] is not None and value != "???" and value != upstream[key]]
+
+
+def _text(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
