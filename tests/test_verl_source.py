@@ -148,6 +148,25 @@ def test_a_repository_vendoring_verl_puts_both_on_the_image_s_pythonpath(verl_wh
     assert source.pythonpath == "/opt/verl-source:/opt/verl-source/third_party/verl"
 
 
+def test_a_git_reference_is_cloned_at_its_revision(fork, tmp_path):
+    first = git(fork, "rev-parse", "HEAD").strip()
+    (fork / "README.md").write_text("later\n")
+    git(fork, "add", "README.md")
+    git(fork, "commit", "--quiet", "-m", "later")
+    source = verl_source.resolve(f"git+file://{fork}@{first}", cache=tmp_path / "cache")
+    assert (source.kind, source.commit, source.dirty, source.version) == ("git", first, False, "0.9.1")
+    assert source.location == f"file://{fork}@{first}" and not (source.root / "README.md").exists()
+    assert source.slug == "lp-verl"
+
+
+def test_a_pip_requirement_is_fetched_with_this_host_s_pip_and_read_from_its_metadata(verl_wheel, tmp_path):
+    source = verl_source.resolve(f"verl @ file://{verl_wheel}", cache=tmp_path / "cache")
+    assert (source.kind, source.version, source.commit) == ("pip", "0.9.1", None)
+    assert source.declared_in == ("verl-0.9.1.dist-info/METADATA",)
+    assert "tensordict!=0.9.0,<=0.10.0,>=0.8.0" in source.requirements and "vllm==0.24.0" in source.gpu_requirements
+    assert verl_source.choose_pins(source, "cu130").vllm == "0.24.0"
+
+
 def test_setup_py_is_read_without_running_it(tmp_path):
     text = ('import os\nos.system("touch pwned")\nBASE = ["numpy"]\n'
             'setup(install_requires=BASE + ["torch==2.8.0"], extras_require={"vllm": ["vllm==0.10.1"]})\n')
