@@ -114,8 +114,8 @@ class ActorConfig:
     ppo_epochs: int = 1
     ppo_mini_batch_size: int | None = None  # prompts per optimizer step; None: data.batch_size (one update per step)
     ppo_micro_batch_size_per_gpu: int | None = None  # samples per forward/backward; None: the whole mini-batch
-    # verl's actor_rollout_ref.actor.use_dynamic_bsz: micro-batches by tokens there (by count here, the same numbers);
-    # as in verl, it lifts the batch-size checks (validate)
+    # verl's actor_rollout_ref.actor.use_dynamic_bsz: micro-batches by real tokens (ppo_max_token_len_per_gpu); as in
+    # verl, it lifts the batch-size checks (validate)
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384  # use_dynamic_bsz: real tokens per update micro-batch (verl's default)
     # verl's: lm_head, log-softmax and entropy chunk by chunk from the hidden states (models.LogProbMemory), and the
@@ -492,9 +492,6 @@ _GLOBAL_MICRO = {
     "critic.ppo_micro_batch_size": "critic.ulysses_sequence_parallel_size",
 }
 
-# verl's key whose value also reaches actor.use_dynamic_bsz (load_config), whatever its rule says of its effect.
-_DYNAMIC_BSZ = "actor_rollout_ref.actor.use_dynamic_bsz"
-
 # verl keys whose value is translated, not only renamed (see _from_verl).
 _TRANSLATED = (
     "trainer.logger", "data.filter_overlong_prompts", "custom_reward_function.path", "custom_reward_function.name",
@@ -577,10 +574,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if value is not DELETE:
             values[key] = (value, COMMAND_LINE)
             spelled[key] = stated(written, COMMAND_LINE)
-    dynamic_bsz = values.get(_DYNAMIC_BSZ)
     values = _from_verl(values, warn)
-    if dynamic_bsz is not None and "actor.use_dynamic_bsz" not in values:
-        values["actor.use_dynamic_bsz"] = dynamic_bsz
     estimator = values.get("algorithm.adv_estimator", ("gae", ""))[0]
     config = get_default_config(_PRESET_OF_ESTIMATOR.get(str(estimator), "ppo"))
     for key, (value, origin) in values.items():
@@ -782,6 +776,7 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
     warmup_styles: dict[str, tuple[Any, str]] = {}  # our lr_scheduler_type key -> verl's warmup_style (value, origin)
     legacy_manager = None  # (value, origin) of verl's older reward_model.reward_manager
     _refuse_out_of_scope(values, ours)
+    _refuse_unknown(values, ours)
     for key, (value, origin) in values.items():
         rule = None if key in ours else verl_keys.rule_for(key)
         if key in ours and isinstance(value, str):  # verl's values of keys that are ours too (rollout.name=sglang)
@@ -865,6 +860,21 @@ def _refuse_out_of_scope(values: dict[str, tuple[Any, str]], ours: set[str]) -> 
 # of scope, refused before anything else.
 _CHOICES = {"algorithm.adv_estimator": ADV_ESTIMATORS, "reward.manager": REWARD_MANAGERS,
             "actor.policy_loss.loss_mode": POLICY_LOSSES}
+
+
+def _refuse_unknown(values: dict[str, tuple[Any, str]], ours: set[str]) -> None:
+    """Keys and choice values no verl release has (a fork's), and keys verl renamed, after the out-of-scope ones and
+    before any other refusal: the way out of such a line is the fork (--verl-source) or the new name, whatever else
+    it holds (upstream verl would refuse it too)."""
+    for key, (value, origin) in values.items():
+        if key not in ours and verl_keys.rule_for(key) is None:
+            _unknown_key(key, origin)
+        choice = "reward.manager" if key == "reward_model.reward_manager" else key  # verl's older name of it
+        if (choice in _CHOICES and isinstance(value, str) and value not in _CHOICES[choice]
+                and not verl_keys.VALUE_REFUSALS.get(choice, {}).get(value)):
+            way_out = verl_keys.value_way_out(choice, value)
+            if way_out and verl_keys.RUN_WITH_VERL not in way_out:  # verl 0.9.1's own: out of scope, refused above
+                _check_choice(choice, value, _CHOICES[choice])
 
 
 def _per_gpu_size(key: str, value: Any, values: dict[str, tuple[Any, str]]) -> int:
@@ -972,19 +982,25 @@ def _unknown_key(key: str, origin: str) -> typing.NoReturn:
     or the key meant (a misspelling) and, for a key of verl's sections, how to run the verl that has it (an older
     release, or the user's fork: verl_keys.key_way_out)."""
     unknown = f"unknown config key {stated(repr(key), origin)}"
-    way_out = verl_keys.key_way_out(key)
+    way_out = verl_keys.key_way_out(key, frozenset(_field_types(Config)))
     if way_out and way_out[0]:  # renamed: the new name, not the nearest spelling
         raise ConfigError(f"{unknown}: {way_out[1]}")
     keys = all_keys() + list(ALIASES) + sorted(verl_keys.verl_keys() - set(ALIASES))
-    # a fork's key reads like no key of ours: only a close spelling is a misspelling then
-    match = _same_words(key, keys) or _closest(key, keys, 0.8 if way_out else 0.5)
+    if way_out:  # a verl-style key: a misspelling is a close name in the same section (else a fork's key)
+        section, _, name = key.rpartition(".")
+        names = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == section and not k.endswith("_target_")}
+        close = _closest(name, names, 0.75)
+        match = (_same_words(key, keys) or _nested_words(key, keys)
+                 or (names[close] if close else None if names else _closest(key, keys, 0.85)))
+    else:
+        match = _same_words(key, keys) or _closest(key, keys)
     if match is None and not way_out:  # a misspelt name in a known section, e.g. actor.learning_rate
         section, _, name = key.rpartition(".")
         names = {k.rpartition(".")[2]: k for k in keys if k.startswith(section + ".")}
         close = _closest(name, names)
         match = names[close] if close else None
     hint = f"; did you mean {match!r}?" if match else ""
-    tail = f" ({way_out[1]})" if way_out and match else f": {way_out[1]}" if way_out else ""
+    tail = f" If not a misspelling: {way_out[1]}" if way_out and match else f": {way_out[1]}" if way_out else ""
     raise ConfigError(f"{unknown}{hint}{tail}")
 
 
@@ -994,6 +1010,17 @@ def _same_words(key: str, keys: list[str]) -> str | None:
     section, _, name = key.rpartition(".")
     words = set(name.split("_"))
     found = [k for k in keys if k.rpartition(".")[0] == section and words <= set(k.rpartition(".")[2].split("_"))]
+    return min(found, key=len) if found and len(words) > 1 else None
+
+
+def _nested_words(key: str, keys: list[str]) -> str | None:
+    """The shortest key under the same section, a level or more deeper, whose names hold every word of the given
+    name: actor_rollout_ref.rollout.val_temperature -> actor_rollout_ref.rollout.val_kwargs.temperature (the nearest
+    spelling would be rollout.temperature, which samples the training responses)."""
+    section, _, name = key.rpartition(".")
+    words = set(name.split("_"))
+    found = [k for k in keys if k.startswith(f"{section}.") and k.count(".") > key.count(".")
+             and words <= set(k[len(section) + 1:].replace(".", "_").split("_"))]
     return min(found, key=len) if found and len(words) > 1 else None
 
 

@@ -479,14 +479,15 @@ def engine_key(key: str) -> bool:
 
 
 def verl_section(key: str) -> bool:
-    """The key's top-level section is one of verl's (data, actor_rollout_ref, ...): it reads as a verl key."""
+    """The key's top-level section is one of verl's (data, actor_rollout_ref, ...)."""
     top = key.split(".")[0]
     return any(name.split(".")[0] == top for name in history()["keys"])
 
 
-def key_way_out(key: str) -> tuple[bool, str] | None:
+def key_way_out(key: str, our_sections: frozenset[str] = frozenset()) -> tuple[bool, str] | None:
     """For a key that is neither ours nor verl 0.9.1's: (renamed, what to do) from verl's releases, or None for a key
-    outside verl's sections. renamed: verl renamed it, and the text names the new key and the release."""
+    of a section only we have (our_sections minus verl's: actor.learning_rate is a misspelling of ours, not a
+    fork's). renamed: verl renamed it, and the text names the new key and the release."""
     moved = renamed(key)
     latest = history()["releases"][-1]
     if moved:
@@ -503,7 +504,7 @@ def key_way_out(key: str) -> tuple[bool, str] | None:
         pinned = RUN_WITH_VERL.replace("--runtime verl", f"--runtime verl --verl-source verl=={span[1]}")
         return False, (f"verl's key in {span[0]}-{span[1]}, removed in {_next_release(span[1])}: drop it, or run verl "
                        f"{span[1]} with {pinned}")
-    if not verl_section(key):
+    if key.split(".")[0] in our_sections and not verl_section(key):
         return None
     return False, f"it is in no verl release ({_releases()}), so it comes from a fork: run your fork with {RUN_FORK}"
 
