@@ -167,6 +167,22 @@ def test_a_pip_requirement_is_fetched_with_this_host_s_pip_and_read_from_its_met
     assert verl_source.choose_pins(source, "cu130").vllm == "0.24.0"
 
 
+def test_status_says_which_verl_source_a_run_trains(fork, tmp_path):
+    """What launch.json keeps of a --verl-source run (JobSpec.record) is what `status` shows."""
+    from verl_deploy.launchers.jobspec import JobSpec
+
+    source = verl_source.resolve(str(fork))
+    labels = {key.removeprefix("verl-deploy."): value for key, value in source.labels().items()}
+    spec = JobSpec(run_id="lp", image="verl-deploy:verl-src-lp-verl-cpu", config_path=None, config_text="",
+                   runtime="verl", verl_source=labels, trainer=("python3", "-m", "recipe.lp.main_lp"))
+    run_dir = tmp_path / "lp"
+    run_dir.mkdir()
+    (run_dir / "launch.json").write_text(json.dumps({**spec.record(), "target": "local"}))
+    result = CliRunner().invoke(app, ["status", "lp", "--runs-dir", str(tmp_path)])
+    assert f"verl source: {fork} @ {source.commit[:12]}" in result.output, result.output
+    assert spec.record()["trainer"] == ["python3", "-m", "recipe.lp.main_lp"]
+
+
 def test_setup_py_is_read_without_running_it(tmp_path):
     text = ('import os\nos.system("touch pwned")\nBASE = ["numpy"]\n'
             'setup(install_requires=BASE + ["torch==2.8.0"], extras_require={"vllm": ["vllm==0.10.1"]})\n')
