@@ -222,6 +222,23 @@ def test_prompt_lengths_are_read_from_the_data_file(tmp_path):
     assert doc["lengths"]["prompt"] == 33 and doc["lengths"]["prompt_assumed"] == "--prompt-length 33"
 
 
+def test_padding_free_runs_take_the_data_files_mean_prompt_typical_and_its_longest_worst(tmp_path):
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "x" * length}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "1"}} for length in (10, 40, 25)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    verl = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.model.path=builtin:tiny", f"data.train_files={data}",
+            "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.n_gpus_per_node=1"]
+    code, doc = plan_json("--runtime", "verl", "--gpu-type", "H100", "--", *verl)
+    assert code == 0 and doc["lengths"]["prompt_assumed"].startswith(f"mean prompt of {data}")
+    template = doc["worst_case"]["lengths"]["prompt"] - 40  # the longest prompt: 40 x's and the chat template
+    assert 5 < template < 30 and doc["lengths"]["prompt"] == 25 + template  # the mean: (10 + 40 + 25) / 3 = 25
+    assert doc["worst_case"]["lengths"]["response"] == 512  # verl's default max_response_length
+
+
 def test_the_table_fits_80_columns_and_names_every_component():
     result = run_plan("--runtime", "verl", "--gpu-type", "H100", "--", *VERL_7B)
     lines = result.stdout.splitlines()
@@ -342,6 +359,11 @@ def test_preflight_refuses_a_run_that_cannot_fit_in_one_line_with_the_best_chang
                       gpu_type="H100")
     assert check.refuse and check.status == "does not fit" and len(check.message.splitlines()) == 1
     assert check.message.startswith("the run does not fit on H100 x 1: the ") and "--no-plan skips this check" in check.message
+    assert check.plan.verdict == "does not fit"
+    greedy = preflight(None, [*VERL_7B, "actor_rollout_ref.rollout.gpu_memory_utilization=0.95"], runtime="verl",
+                       target="k8s", gpu_type="H100")
+    assert greedy.refuse and len(greedy.message.splitlines()) == 1
+    assert f"; cheapest fix: {greedy.plan.cheapest_fix}: peak " in greedy.message
 
 
 def test_preflight_is_quiet_when_it_fits_and_warns_when_tight():
