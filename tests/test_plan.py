@@ -125,6 +125,26 @@ def test_tight_says_up_to_which_mean_response_it_fits_and_what_removes_the_risk(
     assert at["peak_bytes"] <= at["gpu_memory_bytes"] < past["peak_bytes"]
 
 
+def test_verls_entropy_settings_move_the_phases_they_touch():
+    """verl 0.9.1: chunked entropy (2048 fp32 rows at a time) shrinks the old log-probs, which have no autograd; in
+    an update with an entropy bonus autograd keeps every chunk, so it grows there; dynamic batching caps each
+    micro-batch at its token budget (docs/plan.md, the verl table)."""
+    def phases(*extra):
+        _, doc = plan_json("--runtime", "verl", "--gpu-type", "H100", "--", *VERL_7B, *extra)
+        return {p["name"]: p for p in doc["phases"]}
+
+    plain, chunked = phases(), phases("actor_rollout_ref.actor.entropy_from_logits_with_chunking=True")
+    vocab, tokens = 152_064, 40 * (128 + 256)
+    assert plain["old log-probs"]["components"]["logits"] == 6 * tokens * vocab
+    assert chunked["old log-probs"]["components"]["logits"] == 2 * tokens * vocab + 12 * 2048 * vocab
+    bonus = "actor_rollout_ref.actor.entropy_coeff=0.001"
+    assert phases(bonus)["actor update"]["peak_bytes"] < phases(
+        bonus, "actor_rollout_ref.actor.entropy_from_logits_with_chunking=True")["actor update"]["peak_bytes"]
+    dynamic = phases("actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096")
+    assert "4,096 tokens (dynamic batch" in dynamic["actor update"]["detail"]
+    assert dynamic["old log-probs"]["components"]["logits"] == 6 * 4096 * vocab  # the log-prob budget follows
+
+
 def test_a_run_that_does_not_fit_exits_1_with_suggestions_that_each_fit_when_planned_again():
     too_big = [*VERL_7B, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=160",
                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=160",
