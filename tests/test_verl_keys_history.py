@@ -173,3 +173,33 @@ def test_every_refusal_of_verls_own_scripts_names_its_way_out():
         if row["argv"] is not None:
             code, _, error = compose(row["argv"])
             assert code == 0 or (code == 2 and way_out(error)), (row["path"], error)
+
+
+# --- docs/verl.md: what each research line meets ---------------------------------------------------------------------
+BEGIN, END = "<!-- verl-research table -->", "<!-- end verl-research table -->"
+WAYS = {"composes": "composes here", "--verl-source": "refused: run the fork (`--verl-source`)",
+        "--runtime verl": "refused: verl's own trainer (`--runtime verl`)",
+        "renamed": "refused: the key verl renamed it to, and the release", None: "refused: its sizes (as in verl)"}
+
+
+def research_table() -> str:
+    counts = {way: 0 for way in WAYS}
+    for row in research():
+        code, _, error = compose(row["argv"])
+        counts["composes" if code == 0 else way_out(error)] += 1
+    lines = ["| held-out research command lines | count |", "|---|---|"]
+    lines += [f"| {WAYS[way]} | {count} |" for way, count in counts.items() if count]
+    return "\n".join(lines)
+
+
+def test_docs_hold_what_the_research_lines_meet():
+    import os
+
+    docs = REPO / "docs" / "verl.md"
+    text, new = docs.read_text(), research_table()
+    assert BEGIN in text and END in text, f"docs/verl.md lacks the {BEGIN} ... {END} block"
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    if text[start:end].strip() != new:
+        if os.environ.get("UPDATE_DOCS") == "1":
+            docs.write_text(text[:start] + "\n" + new + "\n" + text[end:])
+        pytest.fail(f"docs/verl.md's verl-research table is stale (UPDATE_DOCS=1 rewrites it); now:\n{new}")
