@@ -18,7 +18,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from verl_runtime import oom
+from verl_runtime import oom, packed_attention
 from verl_runtime.errors import ConfigError, ModelError
 from verl_runtime.hub import is_hub_id, snapshot
 from verl_runtime.lean_model import lean_path_applies, shared_prefix_hidden, shared_prefix_logits
@@ -247,9 +247,9 @@ class ValueModel(nn.Module):
         nn.init.normal_(self.value_head.weight, std=0.02)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    def forward(self, input_ids, attention_mask, position_ids, **kwargs) -> torch.Tensor:
         hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
         ).last_hidden_state
         return self.value_head(hidden).squeeze(-1).float()  # value losses in fp32 even for a bf16 backbone
 
@@ -274,7 +274,8 @@ def response_values(value_model: ValueModel, input_ids, attention_mask, position
     oom.note_micro_batch(input_ids)  # what an out-of-memory error names
     if packed:
         ids, positions, slot = pack(input_ids, attention_mask, position_ids)
-        values = value_model(ids, None, positions)[0]
+        with packed_attention.active(value_model.backbone):
+            values = value_model(ids, None, positions, **packed_attention.boundaries(attention_mask))[0]
         where = attention_mask[:, -response_length:].bool()
         out = values.new_zeros(where.shape)
         out[where] = values[slot[:, -response_length - 1 : -1][where]]
@@ -436,10 +437,10 @@ def pack(input_ids, attention_mask, position_ids):
 
 def _packed_hidden(model, input_ids, attention_mask, position_ids, response_length: int):
     ids, positions, slot = pack(input_ids, attention_mask, position_ids)
-    # attention_mask None: transformers derives the sequences from where the position ids restart (masking_utils'
-    # find_packed_sequence_indices; flash-attention's varlen path reads them as cu_seqlens)
-    hidden = _decoder(model)(input_ids=ids, position_ids=positions, attention_mask=None,
-                             use_cache=False).last_hidden_state[0]
+    # no [N, N] mask: the sequences' boundaries go to packed_attention as flash-attention's cu_seq_lens
+    with packed_attention.active(model):
+        hidden = _decoder(model)(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=False,
+                                 **packed_attention.boundaries(attention_mask)).last_hidden_state[0]
     where = attention_mask[:, -response_length:].bool()
     source = slot[:, -response_length - 1 : -1][where]  # the position before each real response token
     return hidden[source], where

@@ -244,8 +244,8 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     share, mini_share = work.rows_per_gpu, work.mini_rows_per_gpu
     R, Pl = lengths.response, lengths.prompt
     # verl's memory settings in our runtime (models.LogProbMemory): packed rows take the decoder's own forward (not
-    # the lean path), with transformers' block-diagonal [N, N] mask on the CPU (flash-attention's varlen on a GPU);
-    # chunked log-probs make one chunk of the vocabulary-wide tensors at a time
+    # the lean path), attention one sequence at a time without a mask (packed_attention); chunked log-probs make one
+    # chunk of the vocabulary-wide tensors at a time
     packed = work.padding_free
     lean = lean and not packed
 
@@ -253,12 +253,10 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         """Sequences per micro-batch: the fixed size, or as many as the token budget holds (use_dynamic_bsz)."""
         return max(min(budget // (Pl + R), of), 1) if budget else _rows(micro, of)
 
-    def mask_bytes(tokens: int, layers: int = 1) -> int:
-        """The attention mask transformers makes (bool): [T, T] per row; packed, [N, N] on the CPU, which sdpa turns
-        into a float mask in every layer (kept for the backward: layers; without autograd one at a time)."""
-        if not packed:
-            return tokens * (Pl + R)
-        return 0 if cuda else tokens * tokens * (1 + 4 * layers)
+    def mask_bytes(tokens: int) -> int:
+        """The attention mask transformers makes (bool): [T, T] per row; packed rows have none (their sequences'
+        boundaries go to verl_runtime.packed_attention, as flash-attention's varlen takes them)."""
+        return 0 if packed else tokens * (Pl + R)
 
     def inference(rows: int, model: ModelShape, widths: Widths, reg: str, logits: bool, lean_ok: bool,
                   chunk: int | None = None) -> dict:
@@ -308,13 +306,13 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         crit_resident = resident if critic_here else _critic_pool(critic, work, cuda)
         moment = _train_activations(critic, wc, regime, rows, Pl, R, work.gradient_checkpointing, False,
                                     work.n, c == 2, work.critic_sharded, lm_head=False,
-                                    mask=mask_bytes(rows * (Pl + R), critic.layers))
+                                    mask=mask_bytes(rows * (Pl + R)))
         phases.append(_phase("critic update", crit_resident, f"micro-batch {rows} x {Pl + R} tokens", **moment))
     rows = rows_of(work.micro_update, work.dynamic_tokens_update, mini_share)
     lean_update = lean and not work.gradient_checkpointing
     moment = _train_activations(shape, w, regime, rows, Pl, R, work.gradient_checkpointing, lean_update,
                                 work.n, c == 2, work.actor_sharded, distinct=work.distinct_prompts,
-                                mask=mask_bytes(rows * (Pl + R), shape.layers), chunk=chunk, packed=packed)
+                                mask=mask_bytes(rows * (Pl + R)), chunk=chunk, packed=packed)
     ckpt_note = ", gradient checkpointing" if work.gradient_checkpointing else ""
     phases.append(_phase("actor update", resident, f"micro-batch {rows} x {Pl + R} tokens{ckpt_note}", **moment))
     if work.actor_sharded or (work.rollout == "vllm" and cuda):
