@@ -11,6 +11,9 @@ rule below whose pattern matches it (``*`` matches any text, dots included):
   default, which is what we do) stops the run with a one-line reason. The accepted values pass silently.
 
 Keys without a rule of their own here are ours under the same name (``data.train_files``, ``trainer.save_freq``).
+A key that is neither is looked up in ``verl_key_history.json`` (every release's keys and values, and the renames:
+``key_way_out``, ``value_way_out``), so its refusal names the key verl renamed it to, the release that last had it,
+or, in no release, the user's fork (``--verl-source``).
 The list is regenerated with ``python -m verl_runtime.verl_keys verl-0.9.1-py3-none-any.whl``.
 """
 
