@@ -76,8 +76,8 @@ def test_unknown_key_suggests_the_closest(tmp_path, tiny_model_dir, gsm8k_dir, c
 
 def test_sizes_that_do_not_divide(tmp_path, tiny_model_dir, gsm8k_dir, capsys):
     config = write_config(tmp_path / "c.yaml", tiny_model_dir, gsm8k_dir / "train.parquet")
-    code, err = run_main(["train", str(config), "--set", "actor.ppo_micro_batch_size_per_gpu=3"], capsys)
-    assert_one_line_error(code, err, "(2 * 2 = 4 samples) must be a multiple of actor.ppo_micro_batch_size_per_gpu (3)")
+    code, err = run_main(["train", str(config), "--set", "actor.ppo_mini_batch_size=3"], capsys)  # verl's check
+    assert_one_line_error(code, err, "data.batch_size (2) must be >= actor.ppo_mini_batch_size (3)")
 
 
 def test_debug_shows_the_traceback(tmp_path, tiny_model_dir, gsm8k_dir):

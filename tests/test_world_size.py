@@ -53,8 +53,8 @@ def test_kubernetes_job_and_rayjob_carry_the_world_size():
 def test_sizes_that_do_not_divide_by_the_world_size_are_refused_before_anything_starts():
     result = dry_run("docker", "--gpus", "3")
     assert result.exit_code == 2
-    assert result.output.strip() == ("error: actor.ppo_mini_batch_size * rollout.n (8 * 4 = 32 samples) must be a "
-                                     "multiple of trainer.n_workers (3): each worker trains on an equal share")
+    assert result.output.strip() == ("error: data.batch_size * rollout.n (8 * 4 = 32 samples) must be divisible by "
+                                     "trainer.n_workers (3), as in verl: each worker trains on an equal share")
 
 
 def test_a_worker_count_that_contradicts_the_gpus_is_refused():
