@@ -138,6 +138,14 @@ def test_main_ppo_and_run_say_on_the_command_line(tmp_path):
     assert "in --set" not in result.output and verl_keys.RUN_WITH_VERL in result.output
 
 
+def test_run_gives_a_fork_line_its_way_out_in_one_line(tmp_path):
+    row = next(row for row in research() if row["repo"] == "PeterGriffinJin/Search-R1")
+    result = CliRunner().invoke(app, ["run", "--target", "docker", "--dry-run", "--image", "i", "--runs-dir",
+                                      str(tmp_path), "--", *row["argv"]])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and verl_keys.RUN_FORK in lines[0], result.output
+
+
 # --- batch sizes: verl 0.9.1's checks --------------------------------------------------------------------------------
 def test_a_batch_that_is_not_a_multiple_of_the_mini_batch_composes():
     config = load_config(None, ["data.train_batch_size=6", "actor_rollout_ref.actor.ppo_mini_batch_size=4"])
