@@ -218,7 +218,7 @@ def _pip_fetch(requirement: str, cache: Path) -> Path:
     import zipfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-build-isolation",
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
                                "--quiet", "-d", tmp, requirement], capture_output=True, text=True)
         found = sorted(Path(tmp).iterdir())
         if done.returncode or not found:
