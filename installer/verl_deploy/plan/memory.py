@@ -246,7 +246,8 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     # verl's memory settings in our runtime (models.LogProbMemory): packed rows take the decoder's own forward (not
     # the lean path), attention one sequence at a time without a mask (packed_attention); chunked log-probs make one
     # chunk of the vocabulary-wide tensors at a time
-    packed = work.padding_free
+    # under FSDP (several workers) the head needs the whole model's forward: padded rows, whole logits (models.py)
+    packed = work.padding_free and not work.actor_sharded
     lean = lean and not packed
 
     def rows_of(micro: int | None, budget: int | None, of: int) -> int:
@@ -296,7 +297,7 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         crit_resident = resident if critic_here else _critic_pool(critic, work, cuda)
         phases.append(_phase("critic values", crit_resident, f"micro-batch {rows} x {Pl + R} tokens",
                              **inference(rows, critic, wc, regime, False, False)))
-    chunk = work.entropy_chunk if work.entropy_chunking else None
+    chunk = work.entropy_chunk if work.entropy_chunking and not work.actor_sharded else None
     if work.old_log_prob_pass:
         rows = rows_of(work.micro_old_logprob, work.dynamic_tokens_infer, share)
         phases.append(_phase("old log-probs", resident, f"micro-batch {rows} x {Pl + R} tokens",
