@@ -146,7 +146,7 @@ def test_val_before_train_defaults_to_true_as_in_verl():
 
 def test_keys_without_effect_warn_in_one_line(capsys):
     config = load_config(None, [
-        "actor_rollout_ref.model.use_fused_kernels=True", "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "actor_rollout_ref.model.use_fused_kernels=True", "actor_rollout_ref.actor.fsdp_config.forward_prefetch=True",
         "actor_rollout_ref.model.enable_gradient_checkpointing=True", "trainer.project_name=verl_examples",
         "trainer.logger=['console','wandb']",
     ])
@@ -154,7 +154,7 @@ def test_keys_without_effect_warn_in_one_line(capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("warning: ") for line in lines), lines
     assert "actor_rollout_ref.model.use_fused_kernels has no effect here: engine plumbing" in lines[0]
-    assert "fsdp_config.param_offload has no effect here" in lines[1]
+    assert "fsdp_config.forward_prefetch has no effect here" in lines[1]
     assert config.trainer.project_name == "verl_examples" and config.trainer.trackers == ["wandb"]  # test_trackers.py
 
 

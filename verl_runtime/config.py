@@ -136,6 +136,11 @@ class ActorConfig:
     tau_pos: float = 1.0  # sapo: gate temperature for positive advantages
     tau_neg: float = 1.05  # sapo: and for the others
     strategy: str = "dp"  # with several workers: dp (each holds the whole model) | fsdp (FSDP2 shards it across them)
+    # verl's fsdp_config.*: parameters (with their gradients) / AdamW's state in host memory between phases;
+    # offload_policy: FSDP2's CPUOffloadPolicy where the model is sharded, else both (verl_runtime/offload.py)
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    offload_policy: bool = False
 
 
 @dataclass
@@ -160,11 +165,15 @@ class CriticConfig:
     use_remove_padding: bool | None = None
     loss_agg_mode: str = "token-mean"
     strategy: str = "dp"  # dp | fsdp, as actor.strategy
+    param_offload: bool = False  # these three: as in actor
+    optimizer_offload: bool = False
+    offload_policy: bool = False
 
 
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 16
+    param_offload: bool = False  # verl's ref.fsdp_config.param_offload: the weights in host memory between passes
     # verl's: None takes actor.use_dynamic_bsz / actor.ppo_max_token_len_per_gpu (as verl's ref.yaml does)
     log_prob_use_dynamic_bsz: bool | None = None
     log_prob_max_token_len_per_gpu: int | None = None

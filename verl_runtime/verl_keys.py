@@ -66,6 +66,8 @@ ADDED_KEYS = ("model_engine", "actor@actor_rollout_ref.actor", "hydra.searchpath
               "actor_rollout_ref.model.override_config.attention_dropout",
               "data.apply_chat_template_kwargs.enable_thinking", "data.apply_chat_template_kwargs.reasoning_effort",
               "data.apply_chat_template_kwargs.tools",
+              # verl's older name of critic.fsdp, which its recipes still write (retool/run_qwen2-32b_ppo.sh)
+              *(f"critic.model.fsdp_config.{name}" for name in ("param_offload", "optimizer_offload", "offload_policy")),
               "actor_rollout_ref.actor.policy_loss.tau_pos", "actor_rollout_ref.actor.policy_loss.tau_neg",
               # DAPO's reward_kwargs, under verl's older reward_model section and its reward section
               *(f"{section}.reward_kwargs.{name}" for section in ("reward_model", "reward") for name in (
@@ -132,6 +134,12 @@ _GLOBAL_MICRO = ("older scripts' global size: divided by the world size over uly
 _NO_VISION = "multi-modal data (images, video, audio)"
 _OPTIM = ("betas", "lr_warmup_steps", "lr_warmup_steps_ratio", "lr_scheduler_type", "min_lr_ratio", "num_cycles",
           "zero_indexed_step")  # verl's optim.* keys that are ours under the same name (actor.*, critic.*)
+_OFFLOAD = {  # verl's fsdp_config offload keys: what each does here (the same numbers, less device memory)
+    "param_offload": "parameters and gradients in host memory between phases, on the device for each phase",
+    "optimizer_offload": "AdamW's state in host memory between updates",
+    "offload_policy": "FSDP2's CPUOffloadPolicy where the model is sharded (strategy fsdp, several workers); on "
+                      "one worker, both moves above",
+}
 _POLICY_LOSS = ("loss_mode", "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
 
 RULES: tuple[Rule, ...] = (
@@ -205,6 +213,16 @@ RULES: tuple[Rule, ...] = (
     _maps("critic.optim.weight_decay", "critic.weight_decay"),
     _maps("critic.optim.clip_grad", "critic.grad_clip"),
     _maps("critic.model.path", "critic.model_path"),
+    # CPU offload (verl_runtime/offload.py): the same tensors in host memory while no phase needs them
+    *(_maps(f"{section}.{name}", f"{role}.{name}", _OFFLOAD[name])
+      for role, sections in (("actor", (f"{_AR}.actor.fsdp_config",)), ("critic", ("critic.fsdp", "critic.model.fsdp_config")))
+      for section in sections for name in _OFFLOAD),
+    _maps(f"{_AR}.ref.fsdp_config.param_offload", "ref.param_offload", "the reference's weights in host memory, on "
+          "the device for its log-prob pass only (verl 0.9.1 offloads its reference whatever this says: ref.yaml's "
+          "forward_only, verl/workers/engine/fsdp/transformer_impl.py:459-462)"),
+    _ignored(f"{_AR}.ref.fsdp_config.offload_policy", "verl 0.9.1 offloads its reference whatever this says "
+             "(forward_only); here ref.fsdp_config.param_offload keeps it in host memory"),
+    _ignored(f"{_AR}.ref.fsdp_config.optimizer_offload", "the reference has no optimizer"),
     _maps("data.train_batch_size", "data.batch_size"),
     _maps("trainer.total_epochs", "trainer.num_epochs"),
     _maps("trainer.resume_mode", "trainer.resume", "auto or disable; resume_path is refused: a run resumes from its "
@@ -315,7 +333,7 @@ RULES: tuple[Rule, ...] = (
     _ignored("*fsdp_config.*", _ENGINE),
     _ignored("critic.fsdp.*", _ENGINE),
     _ignored("*ulysses_sequence_parallel_size", "sequence parallelism: " + _MEMORY),
-    _ignored("*offload*", "offloading to CPU memory: " + _MEMORY),
+    _ignored("*activation_offload", "offloading activations to CPU memory: " + _MEMORY),
     _ignored("*use_fused_kernels", _ENGINE),
     _ignored("*fused_kernel_options.*", _ENGINE),
     _ignored("*use_liger", _ENGINE),

@@ -17,7 +17,7 @@ from verl_runtime.algorithms import (
     kl_penalty,
     logprobs_from_logits,
 )
-from verl_runtime import lora, oom
+from verl_runtime import lora, offload, oom
 from verl_runtime.config import Config
 from verl_runtime.controller import ALL, DP_SPLIT, RANK_ZERO, chunks, register
 from verl_runtime.errors import UserError
@@ -48,9 +48,29 @@ class ActorWorker:
         sharded = config.actor.strategy == "fsdp" and parallel.world_size() > 1
         self.rollout_model = copy.deepcopy(self.model) if sharded and parallel.rank() == 0 else None
         if sharded:
-            parallel.shard(self.model)
+            parallel.shard(self.model, offload_policy=config.actor.offload_policy)
         self.optimizer = optim.build_optimizer(self.model, config.actor, sharded=parallel.is_sharded(self.model))
         self.rollout = self._make_rollout(config, tokenizer, device) if parallel.rank() == 0 else None
+        self.offload = offload.Offload.for_role(config.actor, device, sharded)
+        self.offload.release({"model": self.model, "rollout_model": self.rollout_model}, self.optimizer)
+
+    def offload_parts(self, phase: str) -> tuple[dict, torch.optim.Optimizer | None]:
+        """What each phase needs on the device (offload.phase): a rollout the weights it samples from (none for
+        vLLM, which holds its own copy), a forward the model, an update and a checkpoint the model and optimizer."""
+        if phase == offload.ROLLOUT:
+            return ({} if self.config.rollout.name == "vllm" else {self._rollout_part(): self._rollout_weights()}), None
+        if phase == offload.FORWARD:
+            return {"model": self.model}, None
+        return {"model": self.model}, self.optimizer
+
+    def _rollout_part(self) -> str:
+        return "model" if self.rollout_model is None else "rollout_model"
+
+    @register(ALL)
+    def offload_state(self) -> dict:
+        """Where this rank's parts are between phases, and their bytes on the training device (this rank's shards)."""
+        resident = offload.resident_bytes(self.model, self.optimizer, self.offload.device)
+        return {"placement": dict(self.offload.placement), "resident": resident}
 
     def _make_rollout(self, config: Config, tokenizer, device: torch.device):
         options = {}
@@ -66,6 +86,7 @@ class ActorWorker:
         return make_rollout_engine(config.rollout.name, self._rollout_weights(), tokenizer, device, **options)
 
     @register(RANK_ZERO)
+    @offload.phase(offload.ROLLOUT)
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
         """Sample responses: each prompt params.n times, samples of one prompt adjacent.
 
@@ -81,6 +102,7 @@ class ActorWorker:
         return batch
 
     @register(DP_SPLIT)
+    @offload.phase(offload.FORWARD)
     def compute_log_prob(self, batch: dict) -> torch.Tensor:
         """Log-probs [B, R] of the responses under the current policy (PPO's "old" log-probs)."""
         rollout = self.config.rollout
@@ -90,6 +112,7 @@ class ActorWorker:
             return log_probs(self.model, batch, split, logit_temperature(rollout.temperature), actor_memory(self.config))
 
     @register(DP_SPLIT)
+    @offload.phase(offload.FORWARD)
     def compute_ref_log_prob(self, batch: dict) -> torch.Tensor:
         """With LoRA, the reference policy's log-probs: the actor with its adapters disabled, the base model (verl's
         ref_in_actor; no reference worker is built then)."""
@@ -98,6 +121,7 @@ class ActorWorker:
                              logit_temperature(self.config.rollout.temperature), ref_memory(self.config))
 
     @register(DP_SPLIT)
+    @offload.phase(offload.FORWARD)
     def compute_log_prob_and_sum_pi_squared(self, batch: dict) -> dict[str, torch.Tensor]:
         """compute_log_prob's log-probs and, from the same logits, the sum over the vocabulary of p^2 at each token
         (verl's calculate_sum_pi_squared: the optimal token baselines' input)."""
@@ -113,6 +137,7 @@ class ActorWorker:
         return {"old_log_prob": torch.cat(log_prob).clone(), "sum_pi_squared": torch.cat(sum_pi_squared).clone()}
 
     @register(DP_SPLIT)
+    @offload.phase(offload.TRAIN)
     def update(self, batch: dict, mini_batch_size: int, lr: float | None = None) -> dict[str, float]:
         """PPO epochs over mini-batches; micro-batches accumulate gradients of one mini-batch-wide loss.
 
@@ -224,6 +249,7 @@ class ActorWorker:
             self.rollout.sync_weights(self._rollout_weights())
 
     @register(ALL)
+    @offload.phase(offload.STATE)
     def state_dict(self) -> dict | None:
         """The whole model and optimizer state (rank 0 returns it; every rank takes part under FSDP)."""
         state = parallel.full_state(self.model, self.optimizer)
@@ -232,6 +258,7 @@ class ActorWorker:
         return state if parallel.rank() == 0 else None
 
     @register(ALL)
+    @offload.phase(offload.STATE)
     def load_state_dict(self, state: dict) -> None:
         if ("lora" in state) != lora.is_lora(self.model):
             trained, now = ("with", "without") if "lora" in state else ("without", "with")

@@ -7,6 +7,7 @@ from collections import defaultdict
 import torch
 
 from verl_runtime.algorithms import compute_value_loss, masked_mean
+from verl_runtime import offload
 from verl_runtime.config import Config
 from verl_runtime.controller import ALL, DP_SPLIT, chunks, register
 from verl_runtime.models import load_value_model, response_values
@@ -25,9 +26,16 @@ class CriticWorker:
         disable_dropout(self.model)
         self.model.eval()
         parallel.broadcast_weights(self.model)  # the value head is freshly initialised on each rank
-        if config.critic.strategy == "fsdp" and parallel.world_size() > 1:
-            parallel.shard(self.model)
+        sharded = config.critic.strategy == "fsdp" and parallel.world_size() > 1
+        if sharded:
+            parallel.shard(self.model, offload_policy=config.critic.offload_policy)
         self.optimizer = optim.build_optimizer(self.model, config.critic, sharded=parallel.is_sharded(self.model))
+        self.offload = offload.Offload.for_role(config.critic, device, sharded)
+        self.offload.release({"model": self.model}, self.optimizer)
+
+    def offload_parts(self, phase: str) -> tuple[dict, torch.optim.Optimizer | None]:
+        """A forward needs the model on the device, an update and a checkpoint the model and optimizer."""
+        return {"model": self.model}, (None if phase == offload.FORWARD else self.optimizer)
 
     def _values(self, batch: dict) -> torch.Tensor:
         cfg = self.config.critic
@@ -47,6 +55,7 @@ class CriticWorker:
         return MicroBatching(size, *token_budget(self.config, cfg.use_dynamic_bsz, tokens, "critic", name))
 
     @register(DP_SPLIT)
+    @offload.phase(offload.FORWARD)
     def compute_values(self, batch: dict) -> torch.Tensor:
         """Values [B, R] of the states before each response token, masked to the response."""
         split = self._split(self.config.critic.ppo_micro_batch_size_per_gpu or len(batch["responses"]), forward=True)
@@ -55,6 +64,7 @@ class CriticWorker:
         return values.clone()
 
     @register(DP_SPLIT)
+    @offload.phase(offload.TRAIN)
     def update(self, batch: dict, mini_batch_size: int, lr: float | None = None) -> dict[str, float]:
         """Fit the values to the returns: PPO epochs over mini-batches, micro-batch gradient accumulation.
         ``lr``: this step's learning rate (the controller's schedule); None keeps the optimizer's."""
@@ -91,11 +101,13 @@ class CriticWorker:
         return {key: sum(v) / len(v) for key, v in stats.items()}
 
     @register(ALL)
+    @offload.phase(offload.STATE)
     def state_dict(self) -> dict | None:
         """The whole model and optimizer state (rank 0 returns it; every rank takes part under FSDP)."""
         state = parallel.full_state(self.model, self.optimizer)
         return state if parallel.rank() == 0 else None
 
     @register(ALL)
+    @offload.phase(offload.STATE)
     def load_state_dict(self, state: dict) -> None:
         parallel.load_full_state(self.model, self.optimizer, state)

@@ -75,15 +75,22 @@ def broadcast_weights(model: nn.Module) -> None:
         dist.broadcast(tensor.data, src=0)
 
 
-def shard(model: nn.Module) -> nn.Module:
-    """FSDP2: shard each decoder layer, then the rest (sum_gradients turns its averaged gradients into sums)."""
-    from torch.distributed.fsdp import fully_shard
+def shard(model: nn.Module, offload_policy: bool = False) -> nn.Module:
+    """FSDP2: shard each decoder layer, then the rest (sum_gradients turns its averaged gradients into sums).
 
+    offload_policy: FSDP2's CPUOffloadPolicy, as verl's fsdp_config.offload_policy (verl/workers/engine/fsdp/
+    transformer_impl.py:458-468): the shards, their gradients and the optimizer's step stay in host memory (pinned
+    when the device is CUDA) and each unit is copied to the device for its forward and backward."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    options = {}
+    if offload_policy:
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     layer_types = set(getattr(model, "_no_split_modules", None) or [])
     for module in model.modules():
         if type(module).__name__ in layer_types:
-            fully_shard(module)
-    fully_shard(model)
+            fully_shard(module, **options)
+    fully_shard(model, **options)
     return model
 
 
