@@ -159,12 +159,15 @@ def test_docker_run_lands_in_mlflow_and_wandb_and_resume_continues_both(tmp_path
     leftovers.append("trk-dock")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")  # passed into the container (launchers' TRACKER_ENV)
+    key = "0123456789abcdef0123456789abcdef0f1e2d3c"
+    monkeypatch.setenv("WANDB_API_KEY", key)  # a secret file in the container, written down nowhere
     common = ["--target", "docker", "--image", cpu_image, "--runs-dir", runs, "--shm-size", "1g", *SHORT, *LOGGERS]
     first = cli("run", QUICKSTART, *common, "--run-id", "trk-dock", "--set", "trainer.total_training_steps=2")
     assert first.exit_code == 0, first.output
     resumed = cli("run", QUICKSTART, *common, "--resume", "trk-dock", "--set", "trainer.total_training_steps=3")
     assert resumed.exit_code == 0, resumed.output
     run_dir = runs / "trk-dock"
+    assert not [p for p in run_dir.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     server = MlflowServer(tmp_path, backend=(run_dir / rundir.MLFLOW_DIR).as_uri())
     try:
         assert_metrics_landed(run_dir, server, [1, 2, 3])
@@ -207,3 +210,21 @@ def test_trainer_logger_names_the_trackers_as_verl_does(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("warning: trainer.logger: clearml not here"), err
     assert mlflow_key("val-core/openai/gsm8k/reward/mean@1") == "val-core/openai/gsm8k/reward/mean_at_1"
+
+
+@pytest.mark.parametrize("target", ["docker", "k8s", "slurm"])
+def test_every_target_passes_the_tracker_settings_and_keeps_the_key_secret(target, monkeypatch, tmp_path):
+    key = "0123456789abcdef0123456789abcdef0f1e2d3c"
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.example:5000")
+    monkeypatch.setenv("WANDB_API_KEY", key)
+    placed = ["--image", "registry.example/verl-deploy:1"] if target == "k8s" else []
+    result = cli("run", QUICKSTART, "--target", target, "--dry-run", "--runs-dir", tmp_path, "--run-id", "trk-dry",
+                 *placed, *LOGGERS)
+    assert result.exit_code == 0, result.output
+    assert "WANDB_MODE" in result.output and "http://mlflow.example:5000" in result.output
+    assert key not in result.output, result.output[result.output.find(key) - 300:][:400]
+    if target == "k8s":
+        assert "WANDB_API_KEY" in result.output  # by name: a key of the run's Secret
+    if target == "docker":
+        assert ":/run/secrets:ro" in result.output  # its secret files
