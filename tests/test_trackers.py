@@ -228,3 +228,14 @@ def test_every_target_passes_the_tracker_settings_and_keeps_the_key_secret(targe
         assert "WANDB_API_KEY" in result.output  # by name: a key of the run's Secret
     if target == "docker":
         assert ":/run/secrets:ro" in result.output  # its secret files
+
+
+def test_swanlab_offline_run_holds_the_metric_names(tmp_path, monkeypatch):
+    """SwanLab's offline mode (its run file is its own binary log: only that the run and the names landed)."""
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    (tracker,) = open_trackers(["swanlab"], tmp_path, "verl-deploy", "swan", {"seed": 1})
+    with MetricsWriter(tmp_path, trackers=[tracker]) as writer:
+        writer.log(1, {"actor/pg_loss": 0.5})
+        writer.log(2, {"actor/pg_loss": 0.25})
+    (run_file,) = (tmp_path / rundir.SWANLAB_DIR).glob("run-*/run-*.swanlab")
+    assert b"actor/pg_loss" in run_file.read_bytes()
