@@ -260,3 +260,17 @@ def test_status_shows_the_line(target, tmp_path):
     assert re.fullmatch(r"error: out of memory in the actor update of step 2 \(micro-batch 32 x \d+ tokens; no plan "
                         r"figure: .*checkpoint step 1 is kept: verl-deploy run --resume oom-" + target + r" --set .*",
                         status["detail"]), status["detail"]
+
+
+def test_kubernetes_status_shows_the_trainers_line_not_the_jobs(cluster, tmp_path):
+    """A Job that its podFailurePolicy failed on exit 2: `status` reads the trainer pod's log for the line."""
+    from launch_support import cli
+
+    core, jobs = "/api/v1/namespaces/team-a", "/apis/batch/v1/namespaces/team-a/jobs"
+    cluster({("GET", jobs): "jobs-r1-failed-oom.json", ("GET", f"{core}/pods"): "pods-r1-failed-oom.json",
+             ("GET", f"{core}/pods/r1-4wq9z/log"): "log-r1-failed-oom.log"})
+    result = cli("status", "r1", "--target", "k8s", "--namespace", "team-a", "--runs-dir", tmp_path / "runs")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0].startswith("r1  k8s  failed  ")
+    log = (Path(__file__).parent / "fixtures" / "k8s-api" / "log-r1-failed-oom.log").read_text()
+    assert result.stdout.splitlines()[-1] == f"  {log.splitlines()[-1]}"

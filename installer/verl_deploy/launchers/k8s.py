@@ -649,6 +649,23 @@ class Cluster:
     def pods(self, namespace: str, selector: str) -> list[dict]:
         return _json(self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False))["items"]
 
+    def last_error(self, namespace: str, selector: str, container: str) -> str:
+        """The runtime's own last `error:` line (runs.last_error) in the log of the newest of these pods' container,
+        where the cluster still has it; "" otherwise."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            pods = self.pods(namespace, selector)
+            if not pods:
+                return ""
+            newest = max(pods, key=lambda pod: pod["metadata"].get("creationTimestamp", ""))
+            log = self.core.read_namespaced_pod_log(newest["metadata"]["name"], namespace, container=container,
+                                                    _preload_content=False).data.decode(errors="replace")
+        except (ApiException, HTTPError):
+            return ""
+        return runs.last_error(".", log.splitlines())
+
     def events(self, namespace: str) -> list[dict]:
         """The namespace's events, in one call: they expire an hour after they last happen (the API server's
         --event-ttl), so a namespace holds few, and the pod's and its claims' come together."""
@@ -756,6 +773,8 @@ class K8sLauncher:
                     raise LaunchError(f"no Kubernetes job for run {run_id!r} in namespace {self.namespace!r}")
                 state, detail = ray_job_state(found[0])
                 image = head_image(found[0])
+            if state == "failed" and jobs:  # the trainer's own line (out of memory, a bad config), not the Job's
+                detail = self.cluster.last_error(self.namespace, self._selector(run_id), "trainer") or detail
             if state in ("pending", "running"):  # the pods say why it waits, or on which node it runs
                 pods = self.cluster.pods(self.namespace, self._selector(run_id))
                 state, detail = self._why_pending(pods, state, detail)

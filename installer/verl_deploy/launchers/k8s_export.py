@@ -195,16 +195,4 @@ def _wait(export: ClusterExport, cluster: k8s.Cluster) -> None:
 
 def _last_error(export: ClusterExport, cluster: k8s.Cluster) -> str:
     """The failed export's own one-line error (its pod's log), where the cluster still has it."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
-    try:
-        pods = cluster.pods(export.namespace, f"job-name={export.name}")
-        if not pods:
-            return ""
-        newest = max(pods, key=lambda pod: pod["metadata"].get("creationTimestamp", ""))
-        log = cluster.core.read_namespaced_pod_log(newest["metadata"]["name"], export.namespace, container="export",
-                                                   _preload_content=False).data.decode(errors="replace")
-    except (ApiException, HTTPError):
-        return ""
-    return runs.last_error(".", log.splitlines()).removeprefix("error: ")
+    return cluster.last_error(export.namespace, f"job-name={export.name}", "export").removeprefix("error: ")
