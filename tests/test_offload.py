@@ -267,3 +267,57 @@ def test_two_offloaded_workers_take_the_one_plain_workers_steps(strategy, settin
         assert all({k: v for k, v in p.items() if k != "rollout_model"} == moved for p in placements), placements
     finally:
         two.close()
+
+
+# --- the planner's model of our runtime (installer/verl_deploy/plan/memory.py) ------------------------------------
+
+
+def _our_plan(*overrides, gpu_type="H100", monkeypatch=None):
+    from conftest import FIXTURES, REPO
+    from verl_deploy.plan import plan
+    from verl_deploy.sizes import parse_gpus
+
+    model = FIXTURES / "models" / "Qwen2.5-7B-Instruct"
+    return plan(REPO / "examples" / "gsm8k-grpo.yaml", [f"model.path={model}", *overrides], gpus=parse_gpus("1"),
+                gpu_type=gpu_type, read_data=False, with_suggestions=False, this_host=False)
+
+
+def _components(result) -> dict:
+    return {phase.name: phase.components for phase in result.memory.phases}
+
+
+@pytest.fixture
+def planner_offline(monkeypatch, tmp_path_factory):
+    from conftest import FIXTURES
+
+    monkeypatch.setenv("VERL_DEPLOY_CACHE", str(tmp_path_factory.getbasetemp() / "plan-cache"))
+    monkeypatch.setenv("VERL_DEPLOY_NVML_READING", str(FIXTURES / "nvml" / "no-driver.json"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_the_plan_takes_offloaded_state_off_the_gpu_but_for_the_phases_that_use_it(planner_offline):
+    plain = _our_plan()
+    offloaded = _our_plan("actor.param_offload=true", "actor.optimizer_offload=true", "ref.param_offload=true")
+    P = plain.model.params
+    before, after = _components(plain), _components(offloaded)
+    assert after["reference log-probs"]["weights"] == 2 * P  # the reference's bf16 weights alone
+    assert after["reference log-probs"]["gradients"] == after["reference log-probs"]["optimizer"] == 0
+    assert after["old log-probs"]["weights"] == 4 * P  # the actor's weights, back for its forward
+    assert after["rollout"]["weights"] == 4 * P  # the HF engine samples from the trained weights
+    for key in ("weights", "gradients", "optimizer"):  # the update brings everything back
+        assert after["actor update"][key] == before["actor update"][key] - (2 * P if key == "weights" else 0)
+    assert offloaded.memory.peak < plain.memory.peak
+    assert offloaded.memory.host_bytes == (4 + 4 + 8 + 2) * P  # one GPU: weights, gradients, AdamW, the reference
+
+
+def test_on_the_cpu_the_plan_says_offload_changes_nothing(planner_offline, monkeypatch):
+    from conftest import REPO
+    from verl_deploy.plan import plan
+
+    args = dict(read_data=False, with_suggestions=False)
+    plain = plan(REPO / "examples" / "quickstart.yaml", [], **args)
+    offloaded = plan(REPO / "examples" / "quickstart.yaml", ["actor.param_offload=true",
+                                                             "actor.optimizer_offload=true"], **args)
+    assert offloaded.workload.device == "cpu"
+    assert _components(offloaded) == _components(plain) and offloaded.memory.host_bytes == plain.memory.host_bytes
+    assert any("the device is host memory" in note for note in offloaded.memory.notes)

@@ -206,7 +206,28 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         resident["rollout"] += 4 * P  # rank 0's whole copy the rollout samples from
     rows_all = work.batch_prompts * work.n  # rank 0 samples the whole batch
     vllm_fails = None
-    host = 0
+    # offload: on a GPU the offloaded parts leave every phase but the ones that bring them back (at); on the CPU the
+    # device is host memory: nothing changes
+    parts = _offloaded_parts(work, P, Pc, shard, cshard) if cuda else {}
+    if not cuda and _offloads(work):
+        notes.append("offload on the CPU: the device is host memory, so the peak does not change")
+    resident = _released(resident, parts, ("actor", "ref", "rollout", *(("critic",) if critic_here else ())))
+    host = sum(size for name, (_, size, _) in parts.items() if name != "rollout copy") * work.gpus_per_node \
+        + sum(size for name, (_, size, _) in parts.items() if name == "rollout copy")
+
+    def at(base: dict, *names: str) -> dict:
+        """The resident bytes while a phase has the named offloaded parts back on the GPU."""
+        back = dict(base)
+        for name in names:
+            if name in parts and parts[name][2]:
+                back[parts[name][0]] = back.get(parts[name][0], 0) + parts[name][1]
+        return back
+
+    def critic_pool() -> dict:
+        return resident if critic_here else _released(_critic_pool(critic, work, cuda), parts, ("critic",))
+
+    actor_train = ("actor weights", "actor gradients", "actor optimizer")
+    critic_train = ("critic weights", "critic gradients", "critic optimizer")
     rollout_extra = 0
     rollout_detail = f"{rows_all:,} sequences x {lengths.total} tokens, all on worker 0"
     if work.rollout == "vllm":
@@ -240,7 +261,8 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         decode = rows_all * length * per_token + 3 * rows_all * shape.vocab * 4
         rollout_extra = max(prefill, decode)
 
-    phases = [_phase("rollout", resident, rollout_detail, rollout=rollout_extra)]
+    sampled_from = () if work.rollout == "vllm" else ("rollout copy",) if work.actor_sharded else ("actor weights",)
+    phases = [_phase("rollout", at(resident, *sampled_from), rollout_detail, rollout=rollout_extra)]
     share, mini_share = work.rows_per_gpu, work.mini_rows_per_gpu
     R, Pl = lengths.response, lengths.prompt
     # verl's memory settings in our runtime (models.LogProbMemory): packed rows take the decoder's own forward (not
@@ -290,21 +312,21 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     if work.use_ref:
         rows = rows_of(work.micro_ref, work.dynamic_tokens_ref, share)
         ref_regime = "fp32" if work.ref_bytes == 4 else "pure"
-        phases.append(_phase("reference log-probs", resident, f"micro-batch {rows} x {Pl + R} tokens",
+        phases.append(_phase("reference log-probs", at(resident, "ref weights"), f"micro-batch {rows} x {Pl + R} tokens",
                              **inference(rows, shape, w, ref_regime, True, lean, work.ref_entropy_chunk)))
     if work.use_critic:
         rows = rows_of(work.micro_values, work.dynamic_tokens_values, share)
-        crit_resident = resident if critic_here else _critic_pool(critic, work, cuda)
+        crit_resident = at(critic_pool(), "critic weights")
         phases.append(_phase("critic values", crit_resident, f"micro-batch {rows} x {Pl + R} tokens",
                              **inference(rows, critic, wc, regime, False, False)))
     chunk = work.entropy_chunk if work.entropy_chunking and not work.actor_sharded else None
     if work.old_log_prob_pass:
         rows = rows_of(work.micro_old_logprob, work.dynamic_tokens_infer, share)
-        phases.append(_phase("old log-probs", resident, f"micro-batch {rows} x {Pl + R} tokens",
+        phases.append(_phase("old log-probs", at(resident, "actor weights"), f"micro-batch {rows} x {Pl + R} tokens",
                              **inference(rows, shape, w, regime, True, lean, chunk)))
     if work.use_critic:
         rows = rows_of(work.micro_critic, work.dynamic_tokens_critic, mini_share)
-        crit_resident = resident if critic_here else _critic_pool(critic, work, cuda)
+        crit_resident = at(critic_pool(), *critic_train)
         moment = _train_activations(critic, wc, regime, rows, Pl, R, work.gradient_checkpointing, False,
                                     work.n, c == 2, work.critic_sharded, lm_head=False,
                                     mask=mask_bytes(rows * (Pl + R)))
@@ -315,15 +337,57 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
                                 work.n, c == 2, work.actor_sharded, distinct=work.distinct_prompts,
                                 mask=mask_bytes(rows * (Pl + R)), chunk=chunk, packed=packed)
     ckpt_note = ", gradient checkpointing" if work.gradient_checkpointing else ""
-    phases.append(_phase("actor update", resident, f"micro-batch {rows} x {Pl + R} tokens{ckpt_note}", **moment))
+    phases.append(_phase("actor update", at(resident, *actor_train), f"micro-batch {rows} x {Pl + R} tokens{ckpt_note}",
+                         **moment))
     if work.actor_sharded or (work.rollout == "vllm" and cuda):
         sync = 4 * P if work.actor_sharded else 0  # the full state dict FSDP gathers on every rank
         vllm_weights = c * P if work.rollout == "vllm" and cuda and work.vllm_sleeps else 0
-        phases.append(_phase("weight sync", resident, "the updated weights handed to the rollout engine",
+        phases.append(_phase("weight sync", at(resident, *actor_train),
+                             "the updated weights handed to the rollout engine",
                              weight_copies=sync, rollout=vllm_weights))
     if work.placement_split:
         notes.append(f"trainer.placement=split: the critic trains on {world} GPUs of its own (2 x {world} in all)")
     return MemoryPlan(phases, host, notes, vllm_fails)
+
+
+def _offloads(work: Workload) -> bool:
+    return any((work.param_offload, work.optimizer_offload, work.offload_policy, work.ref_param_offload,
+                work.critic_param_offload, work.critic_optimizer_offload, work.critic_offload_policy))
+
+
+def _offloaded_parts(work: Workload, P: float, Pc: float, shard, cshard) -> dict[str, tuple[str, float, bool]]:
+    """Our runtime's parts in host memory between phases (verl_runtime/offload.py): name -> (component, bytes per
+    GPU, whether the phases that use it bring it back). offload_policy on a sharded model is FSDP2's
+    CPUOffloadPolicy: the shards stay in host memory and one unit at a time comes through (the weight copies);
+    unsharded it is both moves. With param_offload the gradients exist in the update only (freed on its way out)."""
+    parts: dict[str, tuple[str, float, bool]] = {}
+
+    def role(name: str, params: float, sharded: bool, param_offload: bool, optimizer_offload: bool, policy: bool):
+        back = not (policy and sharded)
+        if param_offload or policy:
+            parts[f"{name} weights"] = ("weights", 4 * params, back)
+            parts[f"{name} gradients"] = ("gradients", 4 * params, back)
+        if optimizer_offload or policy:
+            parts[f"{name} optimizer"] = ("optimizer", 8 * params, back)
+
+    role("actor", shard(P), work.actor_sharded, work.param_offload, work.optimizer_offload, work.offload_policy)
+    if work.actor_sharded and work.param_offload:
+        parts["rollout copy"] = ("rollout", 4 * P, True)  # rank 0's whole copy, back for the rollout only
+    if work.use_ref and work.ref_param_offload:
+        parts["ref weights"] = ("weights", work.ref_bytes * P, True)
+    if work.use_critic:
+        role("critic", cshard(Pc), work.critic_sharded, work.critic_param_offload, work.critic_optimizer_offload,
+             work.critic_offload_policy)
+    return parts
+
+
+def _released(resident: dict, parts: dict, roles: tuple[str, ...]) -> dict:
+    """resident without the offloaded parts of the given roles (their names' first word)."""
+    left = dict(resident)
+    for name, (component, size, _) in parts.items():
+        if name.split()[0] in roles:
+            left[component] = left.get(component, 0) - size
+    return left
 
 
 def _critic_pool(critic: ModelShape, work: Workload, cuda: bool) -> dict[str, int]:

@@ -60,6 +60,8 @@ class Workload:
     offload_policy: bool = False  # verl FSDP2 CPUOffloadPolicy: parameters, gradients and optimizer on the CPU always
     critic_param_offload: bool = False
     critic_optimizer_offload: bool = False
+    critic_offload_policy: bool = False  # ours (verl's critic offload_policy is not read by the planner)
+    ref_param_offload: bool = False  # ours: the reference's weights in host memory outside its pass
     entropy_in_update: bool = True
     entropy_chunking: bool = False  # verl entropy_from_logits_with_chunking: entropy over row chunks, in fp32
     entropy_chunk: int = 2048  # verl entropy_from_logits_chunk_size
@@ -100,6 +102,9 @@ OUR_KEYS = {
     "critic_sharded": "critic.strategy",
     "gpu_memory_utilization": "rollout.gpu_memory_utilization",
     "max_response_length": "data.max_response_length",
+    "param_offload": "actor.param_offload",
+    "optimizer_offload": "actor.optimizer_offload",
+    "offload_policy": "actor.offload_policy",
 }
 
 
@@ -134,8 +139,17 @@ def from_ours(config, world: int, nodes: int, device: str) -> Workload:
         gpu_memory_utilization=config.rollout.gpu_memory_utilization, rollout_tp=config.rollout.tensor_model_parallel_size,
         vllm_sleeps=vllm and config.rollout.enable_sleep_mode and device == "cuda",
         placement_split=config.trainer.placement == "split" and use_critic, keys=dict(OUR_KEYS), notes=tuple(notes),
-        **_our_memory_settings(config),
+        **_our_memory_settings(config), **_our_offload(config),
     )
+
+
+def _our_offload(config) -> dict[str, bool]:
+    """The offload settings (verl_runtime/offload.py) as the Workload names them."""
+    actor, critic = config.actor, config.critic
+    return {"param_offload": actor.param_offload, "optimizer_offload": actor.optimizer_offload,
+            "offload_policy": actor.offload_policy, "critic_param_offload": critic.param_offload,
+            "critic_optimizer_offload": critic.optimizer_offload, "critic_offload_policy": critic.offload_policy,
+            "ref_param_offload": config.ref.param_offload}
 
 
 def _our_memory_settings(config) -> dict[str, Any]:
