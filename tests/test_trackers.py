@@ -3,8 +3,10 @@
 back from its transaction log with wandb's own protobuf records; `--resume` continues the same MLflow and W&B run;
 a tracker that fails mid-run warns once and training goes on. Network: loopback only."""
 
+import contextlib
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -31,12 +33,14 @@ class MlflowServer:
         require(MLFLOW.exists(), f"{MLFLOW} is missing (`make setup` installs it)")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"}
+        # No job runner (its consumer processes are of no use here); the file store of the docker test allowed.
+        env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self.process = subprocess.Popen(
             [MLFLOW, "server", "--backend-store-uri", backend or f"sqlite:///{tmp_path}/mlflow.db",
              "--default-artifact-root", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(self.port),
              "--workers", "1"],
-            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "mlflow-server.log", "wb"), env=env)
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "mlflow-server.log", "wb"), env=env,
+            start_new_session=True)  # its own process group: the server and its workers go together
         assert wait_for(self._healthy, timeout_s=120), (tmp_path / "mlflow-server.log").read_text()[-2000:]
 
     def _healthy(self) -> bool:
@@ -54,16 +58,22 @@ class MlflowServer:
         found = self.get("metrics/get-history", run_id=run_id, metric_key=mlflow_key(key))["metrics"]
         return sorted((m["step"], m["value"]) for m in found)
 
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=30)
+    def stop(self, signum=signal.SIGTERM) -> None:
+        os.killpg(self.process.pid, signum)
+        self.process.wait(timeout=60)
+        with contextlib.suppress(ProcessLookupError):  # a worker that outlived it
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)  # as a server that dies: no goodbye to its clients
 
 
 @pytest.fixture
 def mlflow_server(tmp_path):
     server = MlflowServer(tmp_path)
     yield server
-    server.stop()
+    if server.process.poll() is None:
+        server.stop()
 
 
 def wandb_records(run_dir: Path) -> list:
@@ -175,13 +185,14 @@ def test_docker_run_lands_in_mlflow_and_wandb_and_resume_continues_both(tmp_path
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_tracker_whose_server_dies_mid_run_warns_once_and_metrics_go_on(tmp_path, mlflow_server, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     tracker = MlflowTracker(tmp_path, "verl-deploy", "dies", {})
     with MetricsWriter(tmp_path, trackers=[tracker]) as writer:
         writer.log(1, {"actor/pg_loss": 0.5})
-        mlflow_server.stop()
+        mlflow_server.kill()
         writer.log(2, {"actor/pg_loss": 0.25})
         writer.log(3, {"actor/pg_loss": 0.125})
     assert metrics_steps(tmp_path) == [1, 2, 3], "every step still in metrics.jsonl"
