@@ -25,6 +25,7 @@ SETTINGS = {
     "chunked entropy": ["actor.entropy_from_logits_with_chunking=true", "actor.entropy_from_logits_chunk_size=7"],
     "entropy checkpointing": ["actor.entropy_checkpointing=true"],
     "padding-free": ["model.use_remove_padding=true"],
+    "padding-free, gradient checkpointing": ["model.use_remove_padding=true", "model.gradient_checkpointing=true"],
     "all of them": ["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=60", "model.use_remove_padding=true",
                     "actor.entropy_from_logits_with_chunking=true", "actor.entropy_from_logits_chunk_size=7",
                     "actor.entropy_checkpointing=true"],
@@ -211,3 +212,17 @@ def test_token_budgets_on_two_fsdp_workers_train_as_one_worker(tmp_path):
     expected, got = read_metrics(tmp_path / "one")[0], read_metrics(tmp_path / "two")[0]
     for name in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy"):
         assert got[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), name
+
+
+def test_a_packed_model_keeps_its_padded_forward(tiny_model_dir):
+    """packed_attention stays installed after a packed pass (a checkpointed layer meets it again in the backward);
+    every padded forward through it is transformers' sdpa, to the bit."""
+    from verl_runtime.models import LogProbMemory, load_causal_lm, response_log_probs
+
+    model = load_causal_lm(tiny_model_dir, None, "cpu")
+    batch = _batch(load_tokenizer(tiny_model_dir))
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids")}
+    before = model(**inputs).logits
+    response_log_probs(model, *inputs.values(), 9, memory=LogProbMemory(packed=True))
+    assert model.config._attn_implementation != "sdpa"
+    torch.testing.assert_close(model(**inputs).logits, before, rtol=0, atol=0)

@@ -274,7 +274,8 @@ def response_values(value_model: ValueModel, input_ids, attention_mask, position
     oom.note_micro_batch(input_ids)  # what an out-of-memory error names
     if packed:
         ids, positions, slot = pack(input_ids, attention_mask, position_ids)
-        with packed_attention.active(value_model.backbone):
+        packed_attention.install(value_model)
+        with packed_attention.packing():
             values = value_model(ids, None, positions, **packed_attention.boundaries(attention_mask))[0]
         where = attention_mask[:, -response_length:].bool()
         out = values.new_zeros(where.shape)
@@ -438,7 +439,8 @@ def pack(input_ids, attention_mask, position_ids):
 def _packed_hidden(model, input_ids, attention_mask, position_ids, response_length: int):
     ids, positions, slot = pack(input_ids, attention_mask, position_ids)
     # no [N, N] mask: the sequences' boundaries go to packed_attention as flash-attention's cu_seq_lens
-    with packed_attention.active(model):
+    packed_attention.install(model)
+    with packed_attention.packing():
         hidden = _decoder(model)(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=False,
                                  **packed_attention.boundaries(attention_mask)).last_hidden_state[0]
     where = attention_mask[:, -response_length:].bool()
