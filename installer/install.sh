@@ -4,8 +4,8 @@
 #   installer/install.sh [--extras runtime,k8s,dev] [--venv DIR] [--python PY] [--installer auto|uv|pip]
 #                        [--wheelhouse DIR] [--torch-index-url URL] [--packages "REQ ..."] [--no-doctor]
 #
-# --installer auto (the default) installs with uv: the one on PATH, else the one in the venv, else uv is first
-# installed into the venv with pip (pinned in installer/constraints.txt); pip does the installs where uv cannot be had.
+# --installer auto (the default) installs with uv: the one on PATH, beside --python or in the venv, else uv is
+# first installed into the venv with pip (pinned in installer/constraints.txt); pip does the installs where uv cannot be had.
 # uv is given the sources pip is configured with (index-url, extra-index-url, find-links, constraint, cert).
 # Honours PIP_INDEX_URL / PIP_EXTRA_INDEX_URL (a mirror); --wheelhouse installs offline from a folder of wheels.
 # --packages installs those requirements (with the pins) in place of verl-deploy[extras], e.g. a tool's own venv.
@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
     --torch-index-url) torch_index="${2:?--torch-index-url needs a URL}"; shift 2 ;;
     --packages) packages="${2:?--packages needs requirements, e.g. checkov}"; run_doctor=0; shift 2 ;;
     --no-doctor) run_doctor=0; shift ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
 done
