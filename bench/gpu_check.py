@@ -14,6 +14,11 @@ Checks, each pass / fail / skip with its figures:
     plan        `verl-deploy plan`'s per-phase prediction against torch.cuda.max_memory_allocated for our runtime's
                 steps (bench/plan_accuracy.py's GPU cases: the Qwen2.5-0.5B shape in bf16, GRPO with and without
                 checkpointing, PPO with a critic), and the whole step's peak; target: within 10%
+    offload     the same GRPO step with and without CPU offload (actor.param_offload, optimizer_offload,
+                ref.param_offload): the whole step's torch.cuda.max_memory_allocated against the plan, each within
+                10%, the saving measured against the saving planned, and the actor's parameters and AdamW state on
+                the GPU between steps (0 bytes with offload: verl_runtime.offload.resident_bytes). The cpu preset
+                rehearses it on the quickstart, where device and host are one memory: the plan predicts no change
 
 Without a CUDA GPU, the gpu preset says so in one line and exits 2.
 """
@@ -164,7 +169,48 @@ def plan(preset: str) -> dict:
             "figures": figures}
 
 
-CHECKS = {"nvml": nvml, "greedy": greedy, "generation": generation, "grpo": grpo, "multi_gpu": multi_gpu, "plan": plan}
+def offload(preset: str) -> dict:
+    """CPU offload on the GPU: planned vs torch.cuda.max_memory_allocated for the step with and without it."""
+    import plan_accuracy
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-offload-") as d:
+        workdir = Path(d)
+        os.environ.setdefault("VERL_DEPLOY_CACHE", str(workdir / "cache"))
+        if preset == "gpu":
+            model = plan_accuracy.gpu_model(workdir / "qwen2.5-0.5b-shape")
+            plain, off = (plan_accuracy.run_case(name, spec, model, workdir, plan_accuracy.GPU_COMMON)
+                          for name, spec in plan_accuracy.GPU_OFFLOAD_CASES.items())
+        else:
+            spec = plan_accuracy.CASES["quickstart"]
+            plain, off = (plan_accuracy.run_case(name, {**spec, "set": [*spec["set"], *extra]}, spec["model"], workdir)
+                          for name, extra in (("quickstart", []), ("quickstart-offload", plan_accuracy.OFFLOAD)))
+    figures = {"actor state on the device between steps, with offload": off["actor_resident_between_steps"],
+               "planned host memory for the offloaded state": f"{off['planned_host_bytes'] / 2**30:.2f} GiB"}
+    if preset != "gpu":  # the CPU: the moves are no-ops; per-phase peaks must not change, as planned
+        ratios = [row["measured_bytes"] / base["measured_bytes"] for row, base in zip(off["rows"], plain["rows"])
+                  if base["measured_bytes"]]
+        worst = max(abs(r - 1) for r in ratios)
+        figures["per-phase peak, offload / plain (planned 1.00: device is host memory)"] = [round(r, 3) for r in ratios]
+        return {"status": "pass" if worst <= plan_accuracy.TARGET else "fail", "worst_error": round(worst, 4),
+                "figures": figures}
+    measured = {r["case"]: r["whole_step"]["measured_bytes"] for r in (plain, off)}
+    planned = {r["case"]: r["whole_step"]["predicted_bytes"] for r in (plain, off)}
+    saving = {"measured": measured["gpu-grpo"] - measured["gpu-grpo-offload"],
+              "planned": planned["gpu-grpo"] - planned["gpu-grpo-offload"]}
+    worst = max(abs(r["whole_step"]["error"]) for r in (plain, off))
+    for r in (plain, off):
+        figures[f"{r['case']} whole step"] = (f"{r['whole_step']['measured_bytes'] / 2**30:.2f} GiB max_memory_allocated"
+                                              f", {r['whole_step']['predicted_bytes'] / 2**30:.2f} planned "
+                                              f"({r['whole_step']['error']:+.1%})")
+    figures["saving"] = (f"{saving['measured'] / 2**30:.2f} GiB measured, {saving['planned'] / 2**30:.2f} planned")
+    left = off["actor_resident_between_steps"]
+    ok = worst <= plan_accuracy.GPU_TARGET and saving["measured"] > 0 and left["params"] == left["optimizer"] == 0
+    return {"status": "pass" if ok else "fail", "worst_error": round(worst, 4), "target": plan_accuracy.GPU_TARGET,
+            "figures": figures}
+
+
+CHECKS = {"nvml": nvml, "greedy": greedy, "generation": generation, "grpo": grpo, "multi_gpu": multi_gpu, "plan": plan,
+          "offload": offload}
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,9 @@ The static terms (weights, gradients, AdamW moments) are compared byte for byte 
 
 Target (issue #24): every phase within 15%. The CPU runs the regimes a GPU run has: fp32 (our CPU default, with the
 lean llama-family path), bf16 autocast over fp32 master weights (model.dtype=bfloat16: what `auto` is on a GPU),
-each with and without gradient checkpointing, and PPO with a critic.
+each with and without gradient checkpointing, and PPO with a critic. The memory-setting cases are each compared with
+their base too; for CPU offload (case offload) the CPU can show only that nothing changes (device and host are one
+memory): the saving itself is measured on a GPU (bench/gpu_check.py --only offload).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ COMMON = ["data.train_files=toy:letter", "trainer.device=cpu", "trainer.val_befo
           "trainer.resume=disable", "data.max_prompt_length=64", "rollout.name=hf"]
 FP32 = ["algorithm.adv_estimator=grpo", "rollout.n=4", "data.batch_size=8", "data.max_response_length=48",
         "actor.ppo_micro_batch_size_per_gpu=16", "actor.use_kl_loss=true", "actor.ppo_epochs=2"]
+OFFLOAD = ["actor.param_offload=true", "actor.optimizer_offload=true", "ref.param_offload=true"]
 CASES = {
     # the quickstart itself: builtin:tiny, GRPO, fp32, the lean path, the builtin decoder
     "quickstart": {"config": "examples/quickstart.yaml", "model": "builtin:tiny",
@@ -71,6 +74,10 @@ CASES = {
     "dynamic-bsz": {"model": "bench", "base": "fp32", "set": [*FP32, "actor.use_dynamic_bsz=true",
                                                             "actor.ppo_max_token_len_per_gpu=640"]},
     "padding-free": {"model": "bench", "base": "fp32", "set": [*FP32, "model.use_remove_padding=true"]},
+    # CPU offload: on the CPU the device is host memory, so the planned change of every phase's peak is none (and
+    # the measured one must be none too); the gradients, freed outside the update, are the one saving here. The GPU
+    # saving is measured by bench/gpu_check.py (its offload probe).
+    "offload": {"model": "bench", "base": "fp32", "set": [*FP32, *OFFLOAD]},
     "ppo-critic": {"model": "bench", "set": ["algorithm.adv_estimator=gae", "rollout.n=1", "data.batch_size=16",
                                             "data.max_response_length=48", "actor.ppo_micro_batch_size_per_gpu=8",
                                             "critic.ppo_micro_batch_size_per_gpu=8", "model.dtype=bfloat16"]},
@@ -94,6 +101,9 @@ GPU_CASES = {
                                                      "critic.ppo_micro_batch_size_per_gpu=16"]},
 }
 GPU_TARGET = 0.10
+# bench/gpu_check.py's offload probe: gpu-grpo with and without offload (the whole step's peak and the saving)
+GPU_OFFLOAD_CASES = {"gpu-grpo": GPU_CASES["gpu-grpo"],
+                     "gpu-grpo-offload": {**GPU_CASES["gpu-grpo"], "set": [*GPU_CASES["gpu-grpo"]["set"], *OFFLOAD]}}
 
 # worker method -> the plan's phase
 PHASES = {"generate": "rollout", "compute_ref_log_prob": "reference log-probs", "compute_values": "critic values",
@@ -240,6 +250,9 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
         "optimizer": sum(t.numel() * t.element_size() for s in actor.optimizer.state.values() for t in s.values()
                          if torch.is_tensor(t) and t.dim() > 0),
     }
+    from verl_runtime.offload import resident_bytes
+
+    between = resident_bytes(actor.model, actor.optimizer, device)  # after the step: where offload left them
     gpu = {"gpu_memory": str(torch.cuda.get_device_properties(0).total_memory)} if device == "cuda" else {}
     prompt_length, response_length = width, None
     if config.model.use_remove_padding:  # packed: the real tokens count; the largest micro-batch's, per sequence
@@ -292,10 +305,12 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
                         "distinct_prompts": distinct, "detail": phase.detail + why})
         rows.append(row)
     ref_bytes = predicted.workload.ref_bytes if predicted.workload.use_ref else 0
+    # measured between steps: with param_offload that is outside the update, where its gradients are freed
+    outside = phases["old log-probs"] if config.actor.param_offload and "old log-probs" in phases else None
     planned_static = {"weights": phases["actor update"].components["weights"]
                       - (ref_bytes * predicted.model.params if predicted.workload.use_ref else 0)
                       - (4 * predicted.model.critic_params if predicted.workload.use_critic else 0),
-                      "gradients": phases["actor update"].components["gradients"]
+                      "gradients": (outside or phases["actor update"]).components["gradients"]
                       - (4 * predicted.model.critic_params if predicted.workload.use_critic else 0),
                       "optimizer": phases["actor update"].components["optimizer"]
                       - (8 * predicted.model.critic_params if predicted.workload.use_critic else 0)}
@@ -307,7 +322,8 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
                  "error": (planned - step_peak) / step_peak}
     return {"case": name, "device": device, "whole_step": whole, "model": model, "prompt_width": width,
             "response_width": batch["responses"].shape[1], "sequences": len(batch["responses"]), "rows": rows,
-            "static": exact, "parameters": predicted.model.params}
+            "static": exact, "parameters": predicted.model.params, "actor_resident_between_steps": between,
+            "planned_host_bytes": predicted.memory.host_bytes}
 
 
 def _packed_lengths(batch: dict, width: int, micro: int) -> tuple[int, int]:
@@ -411,6 +427,9 @@ def main(argv=None) -> int:
             print(f"{row['case']:<20} {row['phase']:<20} {row['measured_bytes'] / MiB:>13.2f} "
                   f"{predicted / MiB:>14.2f} {error:>+7.1%}  {row['detail']}{extra}")
     worst = max(worst, print_changes(results))
+    if any(r["case"] == "offload" for r in results):
+        print("offload: on the CPU the device is host memory, so the planned change of every phase's peak is none "
+              "(1.00x) and the gradients leave outside the update; the GPU saving: bench/gpu_check.py --only offload")
     static_ok = all(v["measured"] == v["predicted"] for r in results for v in r["static"].values())
     print(f"\nweights, gradients, AdamW moments: {'equal to the byte' if static_ok else 'DIFFER'} "
           f"({', '.join(r['case'] for r in results)})")

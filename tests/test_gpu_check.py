@@ -32,9 +32,10 @@ def test_a_rehearsal_on_the_cpu_runs_every_check_and_writes_one_summary(tmp_path
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(Path(out).read_text())
     checks = summary["checks"]
-    assert list(checks) == ["nvml", "greedy", "generation", "grpo", "multi_gpu", "plan"]
+    assert list(checks) == ["nvml", "greedy", "generation", "grpo", "multi_gpu", "plan", "offload"]
     assert checks["greedy"]["rows_equal"] == "8 of 8"
     assert checks["generation"]["tokens_per_s"]["builtin"] > 0 and checks["grpo"]["s_per_step"]["ours-builtin"] > 0
     assert checks["multi_gpu"] == {"status": "skip", "why": "fewer than 2 GPUs", "seconds": checks["multi_gpu"]["seconds"]}
     assert checks["plan"]["status"] == "pass" and checks["plan"]["worst_error"] <= 0.15
-    assert result.stdout.strip().splitlines()[-1] == f"gpu-check: 6 of 6 checks did not fail; summary: {out}"
+    assert checks["offload"]["status"] == "pass"  # on the CPU: offload changes no phase's peak, as planned
+    assert result.stdout.strip().splitlines()[-1] == f"gpu-check: 7 of 7 checks did not fail; summary: {out}"

@@ -207,13 +207,17 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     rows_all = work.batch_prompts * work.n  # rank 0 samples the whole batch
     vllm_fails = None
     # offload: on a GPU the offloaded parts leave every phase but the ones that bring them back (at); on the CPU the
-    # device is host memory: nothing changes
-    parts = _offloaded_parts(work, P, Pc, shard, cshard) if cuda else {}
-    if not cuda and _offloads(work):
-        notes.append("offload on the CPU: the device is host memory, so the peak does not change")
+    # device is host memory, so only the gradients param_offload frees outside the update leave
+    parts = _offloaded_parts(work, P, Pc, shard, cshard)
+    if not cuda:
+        parts = {name: part for name, part in parts.items() if part[0] == "gradients" and part[2]}
+        if _offloads(work):
+            notes.append("offload on the CPU: the device is host memory, so the peak does not change")
     resident = _released(resident, parts, ("actor", "ref", "rollout", *(("critic",) if critic_here else ())))
-    host = sum(size for name, (_, size, _) in parts.items() if name != "rollout copy") * work.gpus_per_node \
-        + sum(size for name, (_, size, _) in parts.items() if name == "rollout copy")
+    # host memory: what moved there (gradients are freed, not moved, unless FSDP2's policy keeps their shards there)
+    kept = {name: size for name, (component, size, back) in parts.items() if component != "gradients" or not back}
+    host = sum(size for name, size in kept.items() if name != "rollout copy") * work.gpus_per_node \
+        + kept.get("rollout copy", 0)
 
     def at(base: dict, *names: str) -> dict:
         """The resident bytes while a phase has the named offloaded parts back on the GPU."""
