@@ -171,6 +171,35 @@ def test_our_runtime_that_cannot_fit_says_which_phase_and_refuses():
     assert states["weights"] >= 4 * 7_615_616_512 and states["optimizer"] == 8 * 7_615_616_512  # fp32 AdamW moments
 
 
+def test_our_runtime_is_offered_its_memory_settings_first_in_its_own_keys_and_each_fits_when_planned_again():
+    """The gsm8k GRPO example with the 0.5B model on one 48 GiB GPU: the update's micro-batch of 32 full-length
+    sequences does not fit; our runtime honours verl's settings, so they come first, spelled as --set takes them."""
+    args = [REPO / "examples" / "gsm8k-grpo.yaml", "--gpus", "1", "--gpu-memory", "48g"]
+    model = f"model.path={MODELS / 'Qwen2.5-0.5B-Instruct'}"
+    code, doc = plan_json(*args, "--set", model)
+    assert code == 1 and doc["verdict"] == "does not fit"
+    assert doc["cheapest_fix"] == "actor.use_dynamic_bsz=true"  # the token budget first, as for verl
+    assert doc["suggestions"][0].startswith("actor.use_dynamic_bsz=true: peak ")
+    assert any(s.startswith("actor.entropy_from_logits_with_chunking=true") for s in doc["suggestions"])
+    assert not [s for s in doc["suggestions"] if "--gpus" in s or "actor_rollout_ref." in s]
+    for line in doc["suggestions"]:
+        settings = [part.strip() for part in line.split(": peak")[0].split(",")]
+        again, fixed = plan_json(*args, "--set", model, *settings)
+        assert again == 0 and fixed["verdict"] == "fits", line
+
+
+def test_our_runtimes_token_budget_is_halved_under_its_own_key():
+    """With use_dynamic_bsz already on, the smaller micro-batch is a smaller actor.ppo_max_token_len_per_gpu (vLLM's
+    share small enough that the update alone is over)."""
+    args = [REPO / "examples" / "gsm8k-grpo.yaml", "--gpus", "1", "--gpu-memory", "48g", "--set",
+            f"model.path={MODELS / 'Qwen2.5-1.5B-Instruct'}", "rollout.name=vllm", "rollout.gpu_memory_utilization=0.3",
+            "actor.use_dynamic_bsz=true"]
+    code, doc = plan_json(*args)
+    assert code == 1 and doc["cheapest_fix"].startswith("actor.ppo_max_token_len_per_gpu=")
+    again, fixed = plan_json(*args, *doc["cheapest_fix"].split(", "))
+    assert again == 0 and fixed["verdict"] == "fits"
+
+
 def test_gpu_memory_and_gpu_type_and_nodes():
     _, small = plan_json("--runtime", "verl", "--gpu-memory", "40g", "--", *VERL_7B)
     assert small["gpu_memory_bytes"] == 40 * GIB and small["device"]["source"].startswith("--gpu-memory 40g")

@@ -1,13 +1,14 @@
 """When a run does not fit: the changes that make it fit, cheapest in throughput first, each checked by planning again
 and shown only when it changes the verdict.
 
-The order: settings first (verl's dynamic batching by a token budget, smaller micro-batches: more passes, same
-maths; chunked entropy; gradient checkpointing: one more forward; offloading states to host memory: transfers each
-step; sharding the model over the GPUs, our runtime's actor.strategy; vLLM for our rollout; the rollout engine's
-memory share), then tensor parallelism for verl's rollout, then more GPUs on the same node (up to 8), then more nodes,
-never more GPUs than the mini-batch has sequences. Where no single change is enough, the same changes are stacked in
-that order until the plan fits. For a tight run (the worst case does not fit) only the settings are tried: they
-remove the risk; more GPUs are not needed for a run that fits.
+The order: settings first (dynamic batching by a token budget, smaller micro-batches: more passes, same maths;
+chunked entropy; gradient checkpointing: one more forward; offloading states to host memory: transfers each step;
+sharding the model over the GPUs, our runtime's actor.strategy; vLLM for our rollout; the rollout engine's memory
+share), then tensor parallelism for verl's rollout, then more GPUs on the same node (up to 8), then more nodes, never
+more GPUs than the mini-batch has sequences. Each is spelled in the run's own keys (our runtime honours verl's memory
+settings under its own names). Where no single change is enough, the same changes are stacked in that order until
+the plan fits. For a tight run (the worst case does not fit) only the settings are tried: they remove the risk; more
+GPUs are not needed for a run that fits.
 """
 
 from __future__ import annotations
@@ -19,6 +20,27 @@ from verl_deploy.plan.workload import OURS, Workload
 from verl_deploy.sizes import GiB
 
 MAX_DOUBLINGS = 5
+DEFAULT_TOKENS = 16384  # verl's and our actor.ppo_max_token_len_per_gpu (the critic's: twice it)
+# our runtime's names for the memory settings suggested here (verl_runtime/config.py); workload.OUR_KEYS has the rest
+OUR_SETTING_KEYS = {
+    "use_dynamic_bsz": "actor.use_dynamic_bsz",
+    "dynamic_tokens_update": "actor.ppo_max_token_len_per_gpu",
+    "dynamic_tokens_infer": "rollout.log_prob_max_token_len_per_gpu",
+    "dynamic_tokens_ref": "ref.log_prob_max_token_len_per_gpu",
+    "dynamic_tokens_critic": "critic.ppo_max_token_len_per_gpu",
+    "entropy_chunking": "actor.entropy_from_logits_with_chunking",
+    "ref_entropy_chunking": "ref.entropy_from_logits_with_chunking",
+    "ref_param_offload": "ref.param_offload",
+    "critic_param_offload": "critic.param_offload",
+    "critic_optimizer_offload": "critic.optimizer_offload",
+}
+
+
+def _key(work: Workload, name: str) -> str:
+    """What the knob is called in the run's own config."""
+    if name in work.keys:
+        return work.keys[name]
+    return OUR_SETTING_KEYS.get(name, name) if work.runtime == OURS else name
 
 
 @dataclass(frozen=True)
@@ -119,20 +141,25 @@ def _dynamic_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Chan
     """verl's use_dynamic_bsz: micro-batches cut by a token budget per GPU instead of a count of sequences, so a
     step of long responses makes more, smaller micro-batches (verl/utils/seqlen_balancing.py, rearrange_micro_batches).
     The budget: verl's default (ppo_max_token_len_per_gpu 16384), halved until it fits, never below one sequence at
-    the limits."""
-    if work.runtime == OURS or work.dynamic_tokens_update is not None:
+    the limits. Our runtime reads the same keys (the log-prob and reference budgets follow the actor's when unset, as
+    in verl; its critic's budget is a key of its own, written when it moves)."""
+    if work.dynamic_tokens_update is not None:
         return None
     longest = work.max_prompt_length + work.max_response_length
-    budget = 16384
+    budget = DEFAULT_TOKENS
     best = None
     for _ in range(6):
         budget = max(budget, longest)
         tokens = {"dynamic_tokens_update": budget, "dynamic_tokens_infer": budget, "dynamic_tokens_ref": budget}
         if work.use_critic:
             tokens["dynamic_tokens_critic"] = 2 * budget
-        settings = [(work.keys["use_dynamic_bsz"], True)]
-        if budget != 16384:
-            settings += [(work.keys["dynamic_tokens_update"], budget)]
+            if work.runtime == OURS:
+                tokens["dynamic_tokens_values"] = 2 * budget
+        settings = [(_key(work, "use_dynamic_bsz"), True)]
+        if budget != DEFAULT_TOKENS:
+            settings += [(_key(work, "dynamic_tokens_update"), budget)]
+            if work.runtime == OURS and work.use_critic:
+                settings += [(_key(work, "dynamic_tokens_critic"), 2 * budget)]
         best = Change(tuple(settings), work.with_(**tokens))
         if _fits(evaluate, best.workload) or budget == longest:
             return best
@@ -141,10 +168,21 @@ def _dynamic_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Chan
 
 
 def _entropy_chunking(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
-    """verl's entropy_from_logits_with_chunking: the old log-probs' entropy over 2048-row chunks (no autograd there)."""
-    if work.runtime == OURS or work.entropy_chunking or "old log-probs" not in over:
-        return None
-    return Change(((work.keys["entropy_chunking"], True),), work.with_(entropy_chunking=True))
+    """verl's entropy_from_logits_with_chunking: the old log-probs' entropy over 2048-row chunks (no autograd there).
+    Ours (models.LogProbMemory): the head, log-softmax and entropy chunk by chunk in the old log-probs and the update
+    (not under FSDP, where the head needs the whole model's forward), and the reference's log-probs likewise."""
+    if work.runtime != OURS:
+        if work.entropy_chunking or "old log-probs" not in over:
+            return None
+        return Change(((work.keys["entropy_chunking"], True),), work.with_(entropy_chunking=True))
+    settings, changes = [], {}
+    if not work.entropy_chunking and not work.actor_sharded and {"old log-probs", "actor update"} & over:
+        settings.append((_key(work, "entropy_chunking"), True))
+        changes["entropy_chunking"] = True
+    if work.use_ref and work.ref_entropy_chunk is None and "reference log-probs" in over:
+        settings.append((_key(work, "ref_entropy_chunking"), True))
+        changes["ref_entropy_chunk"] = work.entropy_chunk
+    return Change(tuple(settings), work.with_(**changes)) if settings else None
 
 
 def _micro_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
@@ -168,7 +206,10 @@ def _micro_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Change
             if budget is not None:
                 value = max(budget // factor, 256)
                 changes[budget_name] = value
-                settings.append((work.keys.get(budget_name, budget_name), value))
+                settings.append((_key(work, budget_name), value))
+                if work.runtime == OURS and budget_name == "dynamic_tokens_critic" \
+                        and work.dynamic_tokens_values == budget:  # the critic's forward takes its update's budget
+                    changes["dynamic_tokens_values"] = value
             else:
                 value = max(current // factor, 1)
                 if work.runtime == OURS:
@@ -202,16 +243,32 @@ def _checkpointing(work: Workload, evaluate: Evaluate, over: set[str]) -> Change
 
 
 def _offload(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
-    if work.runtime == OURS or (work.param_offload and work.optimizer_offload):
+    """Parameters and optimizer state in host memory between phases; ours (verl_runtime/offload.py) also offers the
+    critic's and the reference's."""
+    if work.runtime != OURS:
+        if work.param_offload and work.optimizer_offload:
+            return None
+        return Change(((work.keys["param_offload"], True), (work.keys["optimizer_offload"], True)),
+                      work.with_(param_offload=True, optimizer_offload=True),
+                      "parameters and optimizer in host memory outside the update")
+    wanted = ["param_offload", "optimizer_offload"]
+    if work.use_critic:
+        wanted += ["critic_param_offload", "critic_optimizer_offload"]
+    if work.use_ref:
+        wanted.append("ref_param_offload")
+    wanted = [name for name in wanted if not getattr(work, name)]
+    if not wanted:
         return None
-    return Change(((work.keys["param_offload"], True), (work.keys["optimizer_offload"], True)),
-                  work.with_(param_offload=True, optimizer_offload=True),
-                  "parameters and optimizer in host memory outside the update")
+    return Change(tuple((_key(work, name), True) for name in wanted), work.with_(**dict.fromkeys(wanted, True)),
+                  "parameters and optimizer in host memory outside the phases that use them")
 
 
 def _offload_policy(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
-    if work.runtime == OURS or work.offload_policy or "actor update" not in over:
+    if work.offload_policy or "actor update" not in over:
         return None
+    if work.runtime == OURS:  # FSDP2's policy where the model is sharded, else both offloads (verl_runtime/offload.py)
+        return Change(((work.keys["offload_policy"], True),), work.with_(offload_policy=True),
+                      "parameters, gradients and AdamW in host memory, streamed in for each use")
     return Change((("actor_rollout_ref.actor.strategy", "fsdp2"), (work.keys["offload_policy"], True)),
                   work.with_(offload_policy=True), "FSDP2 keeps parameters, gradients and AdamW in host memory")
 
