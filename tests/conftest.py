@@ -76,6 +76,21 @@ def remove_images_made_since(client, before: set[str], tag: str) -> None:
             pass
 
 
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray for a module's multi-worker tests (start-up takes seconds), with an explicit CPU count, shut down
+    after them: the trainer joins a Ray this process is connected to and never shuts it down, so a test that let it
+    start one would leave it to the next module's ray.init ("called ray.init twice")."""
+    try:
+        import ray
+    except ImportError:
+        ray = None
+    require(ray is not None, "ray is not installed (pip install verl-deploy[runtime])")
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture
 def cluster(tmp_path, monkeypatch):
     """cluster(answers) starts the recorded API server (tests/k8s_api.py) with these answers as the user's

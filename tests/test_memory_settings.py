@@ -191,7 +191,7 @@ def test_the_planner_sees_each_setting_of_our_runtime():
 
 
 @pytest.mark.slow
-def test_token_budgets_on_two_fsdp_workers_train_as_one_worker(tmp_path):
+def test_token_budgets_on_two_fsdp_workers_train_as_one_worker(tmp_path, ray_session):
     """Each rank cuts its share by the budget; the ranks agree on one micro-batch count (FSDP's forwards are
     collectives), and the step equals one worker's."""
     from verl_runtime.trainer import SingleControllerTrainer

@@ -8,7 +8,6 @@ GPU: the test marked gpu here (resident_bytes on CUDA) and bench/gpu_check.py's 
 
 import pytest
 import torch
-from conftest import require
 
 from verl_runtime.config import load_config
 from verl_runtime.models import load_tokenizer
@@ -229,18 +228,6 @@ SAMPLES = [
     {"prompt": "What is 2 + 2?", "response": "4", "reward": 1.0},
     {"prompt": "What is 2 + 2?", "response": "5", "reward": 0.0},
 ]
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    try:
-        import ray
-    except ImportError:
-        ray = None
-    require(ray is not None, "ray is not installed (pip install verl-deploy[runtime])")
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.slow

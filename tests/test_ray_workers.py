@@ -7,7 +7,6 @@ import time
 
 import pytest
 import torch
-from conftest import require
 
 from verl_runtime.checkpoint import latest_checkpoint, load_checkpoint
 from verl_runtime.config import get_default_config, load_config
@@ -15,7 +14,7 @@ from verl_runtime.errors import ConfigError, TrainingError
 from verl_runtime.metrics import read_metrics
 from verl_runtime.trainer import SingleControllerTrainer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_session")]
 
 SAMPLES = [
     {"prompt": "Hello, how are you?", "response": "I'm fine, thank you!", "reward": 0.8},
@@ -23,19 +22,6 @@ SAMPLES = [
     {"prompt": "What is 2 + 2?", "response": "4", "reward": 1.0},
     {"prompt": "What is 2 + 2?", "response": "5", "reward": 0.0},
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_session():
-    """One local Ray for the module (start-up takes seconds), with an explicit CPU count."""
-    try:
-        import ray
-    except ImportError:
-        ray = None
-    require(ray is not None, "ray is not installed (pip install verl-deploy[runtime])")
-    ray.init(address="local", num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def grpo(**values):
