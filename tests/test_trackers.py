@@ -250,3 +250,38 @@ def test_swanlab_offline_run_holds_the_metric_names(tmp_path, monkeypatch):
         writer.log(2, {"actor/pg_loss": 0.25})
     (run_file,) = (tmp_path / rundir.SWANLAB_DIR).glob("run-*/run-*.swanlab")
     assert b"actor/pg_loss" in run_file.read_bytes()
+
+
+@pytest.mark.slow
+def test_validation_generations_land_as_wandbs_table_and_mlflows_artifact(tmp_path, tracker_env):
+    """trainer.log_val_generations=3: each validation's 3 samples (verl's choice: the same prompts every time) as
+    W&B's val/generations table, one row per validation, and as MLflow's val_step<N>.json artifact."""
+    runs = tmp_path / "runs"
+    done = cli("run", QUICKSTART, "--target", "local", "--runs-dir", runs, "--run-id", "trk-val", *LOGGERS,
+               "--set", "data.max_response_length=8", "--set", "data.toy_size=16", "--set", "trainer.test_freq=1",
+               "--set", "trainer.val_before_train=false", "--set", "trainer.total_training_steps=2",
+               "--set", "trainer.log_val_generations=3")
+    assert done.exit_code == 0, done.output
+    run_dir = runs / "trk-val"
+
+    run_id = (run_dir / rundir.MLFLOW_RUN_ID_FILE).read_text()
+    listed = tracker_env.get("artifacts/list", run_id=run_id)["files"]
+    assert sorted(f["path"] for f in listed) == ["val_step1.json", "val_step2.json"]
+    artifacts = Path(urllib.parse.urlparse(tracker_env.get("runs/get", run_id=run_id)["run"]["info"]["artifact_uri"]).path)
+    logged = {step: json.loads((artifacts / f"val_step{step}.json").read_text()) for step in (1, 2)}
+    assert [len(rows) for rows in logged.values()] == [3, 3]
+    assert [row["input"] for row in logged[1]] == [row["input"] for row in logged[2]]  # the same prompts each time
+    assert all(row["input"] and isinstance(row["output"], str) and isinstance(row["score"], float) for row in logged[1])
+
+    _, history = wandb_history(run_dir)
+    prefix = "val/generations/"  # W&B's record of a logged table: its fields under the key, flattened
+    tables = {step: {k.removeprefix(prefix): v for k, v in history[step].items() if k.startswith(prefix)}
+              for step in (1, 2)}
+    assert all(table["_type"] == "table-file" and table["ncols"] == 10 for table in tables.values())
+    assert [table["nrows"] for table in tables.values()] == [1, 2]  # a row per validation, the table logged whole
+    saved = next((run_dir / rundir.WANDB_DIR).glob("offline-run-*/files/" + tables[2]["path"]))
+    table = json.loads(saved.read_text())
+    assert table["columns"] == ["step", "input_1", "output_1", "score_1", "input_2", "output_2", "score_2",
+                                "input_3", "output_3", "score_3"]
+    for row, step in zip(table["data"], (1, 2)):
+        assert row == [step, *(sample[key] for sample in logged[step] for key in ("input", "output", "score"))]

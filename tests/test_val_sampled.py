@@ -8,6 +8,7 @@ import ast
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -150,3 +151,29 @@ def test_greedy_validation_keeps_reward_mean_at_1(tmp_path):
     main_ppo(tmp_path, "data.val_files=[toy:letter]")
     before, after = val_records(tmp_path)
     assert set(before) == set(after) == {"val-core/toy/letter/reward/mean@1"}
+
+
+def verl_log_val_generations(verl, count: int):
+    """verl's RayPPOTrainer._maybe_log_val_generations (ray_trainer.py) out of its class: the samples it hands its
+    loggers."""
+    source = (verl.root / "verl/trainer/ppo/ray_trainer.py").read_text()
+    method = next(node for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.FunctionDef) and node.name == "_maybe_log_val_generations")
+    namespace = {}
+    exec(compile(ast.Module(body=[method], type_ignores=[]), "ray_trainer.py", "exec"), namespace)
+    logged = []
+    trainer = SimpleNamespace(config=SimpleNamespace(trainer=SimpleNamespace(log_val_generations=count, logger=[])),
+                              validation_generations_logger=SimpleNamespace(log=lambda _, got, __: logged.extend(got)),
+                              global_steps=1)
+    return lambda inputs, outputs, scores: (namespace["_maybe_log_val_generations"](trainer, inputs, outputs, scores),
+                                            logged)[1]
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, 10, 50])
+def test_the_generations_logged_are_verls_choice(verl, count):
+    g = np.random.default_rng(count)
+    inputs = [f"prompt {int(i)}" for i in g.integers(0, 12, size=20)]  # repeated prompts: n samples each
+    outputs = [f"response {i}" for i in range(20)]
+    scores = g.random(20).tolist()
+    expected = verl_log_val_generations(verl, count)(inputs, outputs, scores)
+    assert validation.generations_to_log(inputs, outputs, scores, count) == expected

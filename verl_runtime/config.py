@@ -298,6 +298,9 @@ class TrainerConfig:
     # trainer.logger sets it. project_name names the project (W&B, SwanLab) or experiment (MLflow), experiment_name the run.
     trackers: list[str] = field(default_factory=list)
     project_name: str = "verl-deploy"
+    # Validation samples (prompt, response, score) each validation sends the trackers (W&B's table val/generations,
+    # an MLflow artifact val_step<N>.json), as verl's; 0: none.
+    log_val_generations: int = 0
     # Workers: 1 runs every role in this process. More (or a Ray cluster to join) runs them as Ray actors, one per
     # slot of cpus_per_worker CPUs (or one GPU), training data-parallel (actor.strategy / critic.strategy).
     # null (the default): one per visible GPU on CUDA, else 1. `verl-deploy run` sets it to --gpus x --nodes.
@@ -448,6 +451,7 @@ RANGES = (
     _at_least("algorithm.kl_ctrl.horizon", 1, "steps"),
     _above("algorithm.kl_ctrl.target_kl", 0),
     _at_least("trainer.seed", 0),
+    _at_least("trainer.log_val_generations", 0, "validation samples sent to the trackers; 0: none"),
     _at_least("trainer.num_epochs", 1),
     _at_least("trainer.total_training_steps", 1, "null: trainer.num_epochs decides"),
     _at_least("trainer.test_freq", -1, "-1 or 0: never"),

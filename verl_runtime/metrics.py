@@ -43,7 +43,9 @@ class MetricsWriter:
         self._tensorboard = _open_tensorboard(Path(run_dir) / TENSORBOARD_DIR) if tensorboard else None
         self._trackers = list(trackers)  # trackers.open_trackers(...): each gets every record written here
 
-    def log(self, step: int, metrics: dict) -> None:
+    def log(self, step: int, metrics: dict, generations=()) -> None:
+        """One step's record; `generations`: validation samples (input, output, score) for the trackers that show
+        them (trainer.log_val_generations)."""
         record = {"step": step, **{name: _plain(value) for name, value in metrics.items()}}
         self._append((json.dumps(record) + "\n").encode(), step)
         if self._tensorboard is not None:
@@ -55,6 +57,8 @@ class MetricsWriter:
                 self._close_tensorboard()
         for tracker in list(self._trackers):
             try:
+                if generations and hasattr(tracker, "log_generations"):
+                    tracker.log_generations(generations, step)
                 tracker.log(record, step)
             except Exception as exc:  # the tracker's client or its server: it is a view, the run goes on
                 print(f"[WARN] {tracker.name} is off from step {step} ({type(exc).__name__}: "

@@ -1,7 +1,9 @@
 """Experiment trackers (verl's trainer.logger: wandb, mlflow, swanlab) through their own client libraries.
 
-One small class per tracker behind one interface: log(metrics, step), finish(). MetricsWriter (metrics.py) feeds
-them the very records it writes to metrics.jsonl, so each tracker gets every scalar under the same name and step.
+One small class per tracker behind one interface: log(metrics, step), finish(), and log_generations(samples, step)
+where the tracker shows validation samples (W&B's table, MLflow's artifact: trainer.log_val_generations; SwanLab's
+are not sent). MetricsWriter (metrics.py) feeds them the very records it writes to metrics.jsonl, so each tracker
+gets every scalar under the same name and step.
 A tracker is a view of the run, never a reason to fail it: one that is not installed, cannot start, or raises
 mid-run is said in one line and left out (metrics.jsonl holds everything).
 
@@ -15,6 +17,7 @@ only when its tracker is asked for.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -50,9 +53,20 @@ class WandbTracker:
         self.run = wandb.init(project=project, name=experiment, entity=os.environ.get("WANDB_ENTITY"), config=config,
                               id=run_id, resume="allow", dir=str(run_dir), reinit="finish_previous")
         rundir.replace_text(run_dir / rundir.WANDB_RUN_ID_FILE, run_id)
+        self.generations: list[list] = []  # val/generations' rows so far: W&B shows a table logged whole each time
 
     def log(self, metrics: dict, step: int) -> None:
         self.run.log(_scalars(metrics), step=step)
+
+    def log_generations(self, samples: list[tuple], step: int) -> None:
+        """verl's table (verl/utils/tracking.py, ValidationGenerationsLogger.log_generations_to_wandb): a row per
+        validation, step then input_i, output_i, score_i of each sample."""
+        import wandb
+
+        columns = ["step"] + [f"{name}_{i + 1}" for i in range(len(samples)) for name in ("input", "output", "score")]
+        self.generations.append([step, *(value for sample in samples for value in sample)])
+        rows = [row for row in self.generations if len(row) == len(columns)]  # a validation set that changed size
+        self.run.log({"val/generations": wandb.Table(columns=columns, data=rows)}, step=step)
 
     def finish(self) -> None:
         self.run.finish()
@@ -93,6 +107,12 @@ class MlflowTracker:
             self.run_id = self.client.create_run(experiment_id, run_name=experiment).info.run_id
             rundir.replace_text(run_dir / rundir.MLFLOW_RUN_ID_FILE, self.run_id)
         print(f"[INFO] MLflow: run {self.run_id} at {uri}", flush=True)
+
+    def log_generations(self, samples: list[tuple], step: int) -> None:
+        """An artifact val_step<N>.json of {input, output, score} rows, as verl's (ValidationGenerationsLogger.
+        log_generations_to_mlflow)."""
+        rows = [{"input": text, "output": output, "score": score} for text, output, score in samples]
+        self.client.log_text(self.run_id, json.dumps(rows), f"val_step{step}.json")
 
     def log(self, metrics: dict, step: int) -> None:
         now = int(time.time() * 1000)

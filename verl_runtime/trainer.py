@@ -35,6 +35,7 @@ from verl_runtime.rollout_correction import compute_rollout_correction_and_rejec
 from verl_runtime.seeding import seed_everything
 from verl_runtime.workers import ROLE_CLASSES, build_roles
 from verl_runtime.workers.optim import learning_rate
+from verl_runtime.workers.reward import decode_responses
 
 
 OPTIMAL_TOKEN_BASELINES = ("optimal_token_baseline", "tir_optimal_token_baseline")
@@ -125,11 +126,12 @@ class SingleControllerTrainer:
         try:
             with stop_requests() as stop, oom.translated(cfg):
                 if val and cfg.trainer.val_before_train and start == 0:
-                    writer.log(0, self._validate_and_show(val, 0))
+                    writer.log(0, *self._validate_and_show(val, 0))
                 clock = StepClock()  # this process's steps: the ETA's
                 length_warned = False  # the plan's safe response length passed: said once
                 for step in range(start + 1, total + 1):
                     timing: dict[str, float] = {}
+                    generations: list[tuple] = []  # validation samples for the trackers (trainer.log_val_generations)
                     started, compute_before = time.perf_counter(), self.compute_s()
                     epoch, position = divmod(step - 1, steps_per_epoch)
                     rows = batch_indices(len(train), cfg.data.batch_size, cfg.trainer.seed, epoch, cfg.data.shuffle)
@@ -147,7 +149,8 @@ class SingleControllerTrainer:
                         metrics = self._update(batch, scores, timing, mini)
                     if val and cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or step == total):
                         with timer("testing", timing):
-                            metrics.update(self._validate_and_show(val, step))
+                            val_metrics, generations = self._validate_and_show(val, step)
+                            metrics.update(val_metrics)
 
                     timing["step"] = time.perf_counter() - started
                     timing["controller"] = timing["step"] - (self.compute_s() - compute_before)  # outside the workers
@@ -155,7 +158,7 @@ class SingleControllerTrainer:
                     if not length_warned and (warning := oom.length_warning(metrics.get("response_length/mean"), step, cfg)):
                         print(warning, flush=True)
                         length_warned = True
-                    writer.log(step, metrics)
+                    writer.log(step, metrics, generations)
                     print(format_console_line(step, total, metrics, *clock.lap(total - step)), flush=True)
                     self.global_step = step
                     if step == total or stop.signum or (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0):
@@ -250,9 +253,10 @@ class SingleControllerTrainer:
 
     # --- validation, data, checkpoints -------------------------------------------------------------------------
 
-    def validate(self, prompts: list[Prompt]) -> dict[str, float]:
+    def validate(self, prompts: list[Prompt], samples: list | None = None) -> dict[str, float]:
         """rollout.val_kwargs.n responses per validation prompt (greedy at temperature 0, else sampled), scored;
-        verl's val-core/ and val-aux/ metrics per data source (verl_runtime/validation.py)."""
+        verl's val-core/ and val-aux/ metrics per data source (verl_runtime/validation.py). `samples`, when given,
+        gets every (prompt text, response text, score)."""
         cfg = self.config
         kwargs = cfg.rollout.val_kwargs
         sampling = SamplingParams(n=kwargs.n, temperature=kwargs.temperature, top_p=kwargs.top_p, top_k=kwargs.top_k,
@@ -266,6 +270,10 @@ class SingleControllerTrainer:
             scored = self.reward.score_details(batch)
             rewards += scored["scores"].tolist()
             extra += scored["infos"]
+            if samples is not None:
+                inputs = self.tokenizer.batch_decode([p.input_ids for p in chunk], skip_special_tokens=True)
+                outputs = decode_responses(self.tokenizer, batch)
+                samples += zip([text for text in inputs for _ in range(kwargs.n)], outputs, scored["scores"].tolist())
             sources += batch["data_source"]
             uids += [start + uid for uid in batch["uid"]]  # one uid per prompt across chunks
         # verl's reward_extra_infos_dict: the reward, then one list per extra key (None where a sample lacks it)
@@ -273,10 +281,13 @@ class SingleControllerTrainer:
         infos = {"reward": rewards, **{key: [info.get(key) for info in extra] for key in keys}}
         return validation.validation_metrics(sources, uids, infos)
 
-    def _validate_and_show(self, prompts: list[Prompt], step: int) -> dict[str, float]:
-        scores = self.validate(prompts)
+    def _validate_and_show(self, prompts: list[Prompt], step: int) -> tuple[dict[str, float], list[tuple]]:
+        """The validation metrics, shown, and the samples trainer.log_val_generations sends the trackers."""
+        count = self.config.trainer.log_val_generations
+        samples = [] if count > 0 else None
+        scores = self.validate(prompts, samples)
         print(format_validation_line(step, {k: v for k, v in scores.items() if k.startswith("val-core/")}), flush=True)
-        return scores
+        return scores, validation.generations_to_log(*zip(*samples), count) if samples else []
 
     def load_prompts(self, files: list[str], split: str) -> list[Prompt]:
         """Tokenized prompts of data files, or of a generated toy task ("toy:<task>")."""

@@ -111,3 +111,14 @@ def validation_metrics(data_sources: list[str], sample_uids: list, infos_dict: d
                 core = (var_name == core_var and name.startswith(("mean", "maj", "best")) and f"@{n_max}" in name)
                 out[f"{'val-core' if core else 'val-aux'}/{source}/{var_name}/{name}"] = value
     return out
+
+
+def generations_to_log(inputs: list[str], outputs: list[str], scores: list[float], count: int) -> list[tuple]:
+    """The (input, output, score) samples verl's trainer.log_val_generations logs: sorted by input, shuffled with a
+    fixed seed, the first `count` (verl/trainer/ppo/ray_trainer.py:548-570, _maybe_log_val_generations), so each
+    validation shows the same prompts."""
+    if count <= 0:
+        return []
+    samples = sorted(zip(inputs, outputs, scores), key=lambda sample: sample[0])
+    np.random.RandomState(42).shuffle(samples)
+    return samples[:count]

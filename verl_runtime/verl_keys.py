@@ -393,7 +393,6 @@ RULES: tuple[Rule, ...] = (
     _ignored("data.custom_cls.name", "a custom dataset class is not here (custom_cls.path is refused)"),
     _ignored("trainer.balance_batch", "verl reorders a batch's samples to balance sequence lengths across workers; "
              "samples stay in order here (with one worker nothing changes)"),
-    _ignored("trainer.log_val_generations", "validation generations are not logged here"),
     _ignored("trainer.rollout_data_dir", "rollouts are not dumped here"),
     _ignored("trainer.validation_data_dir", "validation generations are not dumped here"),
     _ignored("trainer.resume_from_path", "verl reads it only with trainer.resume_mode=resume_path, which is refused "

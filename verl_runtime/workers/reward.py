@@ -59,8 +59,12 @@ class RewardWorker:
         return {**value, "score": score} if isinstance(value, dict) else score
 
     def decode(self, batch: dict) -> list[str]:
-        """Response texts up to (not including) the first EOS."""
-        # Whole tensors to lists once: indexing each row as a tensor costs more than the decoding.
-        rows, masks = batch["responses"].tolist(), batch["response_mask"].tolist()
-        ids = [[token for token, keep in zip(row, mask) if keep] for row, mask in zip(rows, masks)]
-        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return decode_responses(self.tokenizer, batch)
+
+
+def decode_responses(tokenizer, batch: dict) -> list[str]:
+    """Response texts up to (not including) the first EOS."""
+    # Whole tensors to lists once: indexing each row as a tensor costs more than the decoding.
+    rows, masks = batch["responses"].tolist(), batch["response_mask"].tolist()
+    ids = [[token for token, keep in zip(row, mask) if keep] for row, mask in zip(rows, masks)]
+    return tokenizer.batch_decode(ids, skip_special_tokens=True)
