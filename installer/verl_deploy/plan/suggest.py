@@ -21,26 +21,6 @@ from verl_deploy.sizes import GiB
 
 MAX_DOUBLINGS = 5
 DEFAULT_TOKENS = 16384  # verl's and our actor.ppo_max_token_len_per_gpu (the critic's: twice it)
-# our runtime's names for the memory settings suggested here (verl_runtime/config.py); workload.OUR_KEYS has the rest
-OUR_SETTING_KEYS = {
-    "use_dynamic_bsz": "actor.use_dynamic_bsz",
-    "dynamic_tokens_update": "actor.ppo_max_token_len_per_gpu",
-    "dynamic_tokens_infer": "rollout.log_prob_max_token_len_per_gpu",
-    "dynamic_tokens_ref": "ref.log_prob_max_token_len_per_gpu",
-    "dynamic_tokens_critic": "critic.ppo_max_token_len_per_gpu",
-    "entropy_chunking": "actor.entropy_from_logits_with_chunking",
-    "ref_entropy_chunking": "ref.entropy_from_logits_with_chunking",
-    "ref_param_offload": "ref.param_offload",
-    "critic_param_offload": "critic.param_offload",
-    "critic_optimizer_offload": "critic.optimizer_offload",
-}
-
-
-def _key(work: Workload, name: str) -> str:
-    """What the knob is called in the run's own config."""
-    if name in work.keys:
-        return work.keys[name]
-    return OUR_SETTING_KEYS.get(name, name) if work.runtime == OURS else name
 
 
 @dataclass(frozen=True)
@@ -155,11 +135,11 @@ def _dynamic_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Chan
             tokens["dynamic_tokens_critic"] = 2 * budget
             if work.runtime == OURS:
                 tokens["dynamic_tokens_values"] = 2 * budget
-        settings = [(_key(work, "use_dynamic_bsz"), True)]
+        settings = [(work.keys["use_dynamic_bsz"], True)]
         if budget != DEFAULT_TOKENS:
-            settings += [(_key(work, "dynamic_tokens_update"), budget)]
+            settings += [(work.keys["dynamic_tokens_update"], budget)]
             if work.runtime == OURS and work.use_critic:
-                settings += [(_key(work, "dynamic_tokens_critic"), 2 * budget)]
+                settings += [(work.keys["dynamic_tokens_critic"], 2 * budget)]
         best = Change(tuple(settings), work.with_(**tokens))
         if _fits(evaluate, best.workload) or budget == longest:
             return best
@@ -177,10 +157,10 @@ def _entropy_chunking(work: Workload, evaluate: Evaluate, over: set[str]) -> Cha
         return Change(((work.keys["entropy_chunking"], True),), work.with_(entropy_chunking=True))
     settings, changes = [], {}
     if not work.entropy_chunking and not work.actor_sharded and {"old log-probs", "actor update"} & over:
-        settings.append((_key(work, "entropy_chunking"), True))
+        settings.append((work.keys["entropy_chunking"], True))
         changes["entropy_chunking"] = True
     if work.use_ref and work.ref_entropy_chunk is None and "reference log-probs" in over:
-        settings.append((_key(work, "ref_entropy_chunking"), True))
+        settings.append((work.keys["ref_entropy_chunking"], True))
         changes["ref_entropy_chunk"] = work.entropy_chunk
     return Change(tuple(settings), work.with_(**changes)) if settings else None
 
@@ -206,7 +186,7 @@ def _micro_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Change
             if budget is not None:
                 value = max(budget // factor, 256)
                 changes[budget_name] = value
-                settings.append((_key(work, budget_name), value))
+                settings.append((work.keys.get(budget_name, budget_name), value))
                 if work.runtime == OURS and budget_name == "dynamic_tokens_critic" \
                         and work.dynamic_tokens_values == budget:  # the critic's forward takes its update's budget
                     changes["dynamic_tokens_values"] = value
@@ -259,7 +239,7 @@ def _offload(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | Non
     wanted = [name for name in wanted if not getattr(work, name)]
     if not wanted:
         return None
-    return Change(tuple((_key(work, name), True) for name in wanted), work.with_(**dict.fromkeys(wanted, True)),
+    return Change(tuple((work.keys[name], True) for name in wanted), work.with_(**dict.fromkeys(wanted, True)),
                   "parameters and optimizer in host memory outside the phases that use them")
 
 

@@ -105,6 +105,16 @@ OUR_KEYS = {
     "param_offload": "actor.param_offload",
     "optimizer_offload": "actor.optimizer_offload",
     "offload_policy": "actor.offload_policy",
+    "use_dynamic_bsz": "actor.use_dynamic_bsz",
+    "dynamic_tokens_update": "actor.ppo_max_token_len_per_gpu",
+    "dynamic_tokens_infer": "rollout.log_prob_max_token_len_per_gpu",
+    "dynamic_tokens_ref": "ref.log_prob_max_token_len_per_gpu",
+    "dynamic_tokens_critic": "critic.ppo_max_token_len_per_gpu",
+    "entropy_chunking": "actor.entropy_from_logits_with_chunking",
+    "ref_entropy_chunking": "ref.entropy_from_logits_with_chunking",
+    "ref_param_offload": "ref.param_offload",
+    "critic_param_offload": "critic.param_offload",
+    "critic_optimizer_offload": "critic.optimizer_offload",
 }
 
 
