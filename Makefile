@@ -42,7 +42,7 @@ quickstart: $(BIN)/.installed-runtime
 	$(BIN)/python -m verl_runtime train examples/quickstart.yaml
 
 test: setup
-	$(BIN)/pytest
+	BIN=$(BIN) tests/run_lanes.sh
 
 test-fast: setup
 	$(BIN)/pytest -m "not slow and not docker"

@@ -41,7 +41,26 @@ DISK_HEAVY = ("test_images_cuda.py", "test_images_verl.py")
 SESSION_START = time.time()
 
 
+# `make test` runs two pytest sessions side by side (tests/run_lanes.sh): the "engines" lane holds every test of the
+# one Docker engine and the one Slurm controller, one at a time as before; the "host" lane holds the rest (CPU
+# training, Ray, vLLM, the CLI). The image builds wait on the network and the disk while the host lane computes.
+ENGINE_MODULES = ("test_slurm.py",)  # its jobs share the controller's 2 CPUs with the docker-marked one
+
+
+def in_engines_lane(item) -> bool:
+    return item.get_closest_marker("docker") is not None or item.path.name in ENGINE_MODULES
+
+
+def pytest_addoption(parser):
+    parser.addoption("--lane", choices=("engines", "host"), default=None,
+                     help="run only the tests of one lane (tests/run_lanes.sh runs both side by side)")
+
+
 def pytest_collection_modifyitems(config, items):
+    if lane := config.getoption("--lane"):
+        keep = [item for item in items if in_engines_lane(item) == (lane == "engines")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
     items.sort(key=lambda item: item.path.name not in DISK_HEAVY)  # stable: the rest keep their order
 
 
