@@ -86,7 +86,6 @@ def test_partition_gpus_read_from_sinfo_gres():
     (["--container", "singularity"], "--container 'singularity': use one of none, docker, apptainer, pyxis"),
     (["--time", "four hours"], "--time 'four hours': use Slurm's form"),
     (["--gpus", "0,1"], "on Slurm give a count per node"),
-    (["--runtime", "verl", "--image", "verl:x", "--gpus", "1", "--", "trainer.total_epochs=1"], "runs in its image: use --container docker, apptainer or pyxis"),
 ])
 def test_bad_flags_are_one_line(tmp_path, flags, says):
     args = ["run"] + ([] if "--runtime" in flags else [QUICKSTART]) + ["--target", "slurm", "--runs-dir", tmp_path,

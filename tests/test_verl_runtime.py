@@ -239,7 +239,6 @@ def test_k8s_dry_run_renders_a_job_or_ray_job_running_main_ppo_that_validates(tm
 
 @pytest.mark.parametrize("args, message", [
     (["examples/quickstart.yaml", "--gpus", "1"], "--runtime verl takes no CONFIG file"),
-    (["--target", "local", "--gpus", "1", "--", "trainer.total_epochs=1"], "--runtime verl runs in its image"),
     (["--", "trainer.total_epochs=1"], "upstream verl trains on GPUs and needs their count per node: pass --gpus N"),
     (["--gpus", "1", "--", "a=1", "trainer.total_epochs"], "override 'trainer.total_epochs' is not one verl takes"),
     (["--gpus", "1", "--variant", "cpu", "--", "a=1"], "--variant: unknown variant 'cpu' of runtime verl"),

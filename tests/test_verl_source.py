@@ -9,8 +9,10 @@ step cannot run), so the image check is the fork's config and reward manager, as
 """
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import uuid
 import zipfile
 from pathlib import Path
@@ -23,6 +25,7 @@ from verl_deploy import verl_source
 from verl_deploy.cli import app
 from verl_deploy.verl_source import SourceError
 
+from conftest import FIXTURES
 from verl_wheel import WheelUnavailable, download_wheel, unavailable, wheel_cache
 
 FORK_KEY = "length_penalty.coef=0.05"
@@ -307,6 +310,120 @@ def test_an_entry_script_that_is_not_in_the_source_is_one_line(fork, tmp_path):
                      "--entry", "recipe/nope/main.py", "--dry-run", "--runs-dir", str(tmp_path), "--", *EXAMPLE)
     assert result.exit_code == 2 and "no such script in the verl source" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+# --- the host's Python: --target local, Slurm's --container none -------------------------------------------------
+
+# The fork's own entry script (`--entry scripts/smoke_ppo.py`), standing in for its trainer, which needs a GPU: where
+# `import verl` would load verl from, what it was given, its environment, and one step in verl's file-logger format.
+SMOKE = """import importlib.util, json, os, sys
+given = dict(arg.split("=", 1) for arg in sys.argv[1:])
+print("verl from", importlib.util.find_spec("verl").origin)
+print("given", json.dumps(given))
+with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as log:
+    log.write(json.dumps({"step": 1, "data": {"critic/score/mean": float(given["length_penalty.coef"])}}) + "\\n")
+"""
+LIGHT = ["torch", "pyyaml"]  # a fork declaring only what this venv has
+
+
+@pytest.fixture
+def gpu_host(monkeypatch):
+    """verl trains on GPUs only: this host replayed as an H200 box (its NVML reading, as doctor records one)."""
+    monkeypatch.setenv("VERL_DEPLOY_NVML_READING", str(FIXTURES / "nvml" / "h200.json"))
+
+
+@pytest.fixture
+def light_fork(verl_wheel, tmp_path, monkeypatch, gpu_host) -> Path:
+    """A fork whose declarations this venv meets, with its smoke script; this venv's python3 first on PATH (the smoke
+    script needs no GPU)."""
+    fork = make_fork(verl_wheel, tmp_path / "lp-verl", setup_install=LIGHT, setup_gpu=["pyyaml>=5"])
+    (fork / "scripts").mkdir(exist_ok=True)
+    (fork / "scripts" / "smoke_ppo.py").write_text(SMOKE)
+    git(fork, "add", "-A")
+    git(fork, "commit", "--quiet", "-m", "a smoke script")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    return fork
+
+
+def test_a_local_run_trains_the_fork_in_this_host_s_python_with_its_verl_first(light_fork, tmp_path):
+    runs = tmp_path / "runs"
+    result = run_cli("--runtime", "verl", "--verl-source", str(light_fork), "--target", "local", "--gpus", "1",
+                     "--entry", "scripts/smoke_ppo.py", "--runs-dir", str(runs), "--run-id", "lp", "--no-plan", "--",
+                     FORK_KEY, "trainer.total_training_steps=1")
+    assert result.exit_code == 0, result.output
+    assert f"verl from {light_fork}/verl/__init__.py" in result.output  # the fork's, not an installed verl
+    given = json.loads(result.output.split("given ", 1)[1].splitlines()[0])
+    assert given["length_penalty.coef"] == "0.05"  # the fork's key, as given
+    assert given["trainer.default_local_dir"] == str(runs / "lp" / "checkpoints")
+    assert "has no hydra-core, so verl's config has not checked the overrides" in result.output
+    status = json.loads(CliRunner().invoke(app, ["status", "lp", "--runs-dir", str(runs), "--json"]).stdout)
+    assert (status["target"], status["state"], status["exit_code"]) == ("local", "succeeded", 0)
+    assert status["last_metrics"]["critic/score/mean"] == 0.05  # verl's file logger's line, read back
+    shown = CliRunner().invoke(app, ["status", "lp", "--runs-dir", str(runs)]).output
+    assert f"verl source: {light_fork} @ " in shown
+
+    (light_fork / "scripts" / "smoke_ppo.py").write_text(SMOKE.replace('"step": 1', '"step": 2'))  # an edit
+    again = run_cli("--resume", "lp", "--runs-dir", str(runs), "--no-plan")
+    assert again.exit_code == 0, again.output  # the recorded source, entry and fork key; the edit runs
+    assert [json.loads(line)["step"] for line in (runs / "lp" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_the_local_dry_run_shows_the_python_the_source_path_and_the_fork_s_script(light_fork, tmp_path):
+    result = run_cli("--runtime", "verl", "--verl-source", str(light_fork), "--target", "local", "--gpus", "1",
+                     "--entry", "scripts/smoke_ppo.py", "--runs-dir", str(tmp_path / "runs"), "--run-id", "lp",
+                     "--dry-run", "--no-plan", "--", FORK_KEY)
+    assert result.exit_code == 0, result.output
+    line = result.stdout.strip().splitlines()[-1]
+    assert f"PYTHONPATH={light_fork}" in line and f"VERL_FILE_LOGGER_PATH={tmp_path}/runs/lp/metrics.jsonl" in line
+    assert "CUDA_VISIBLE_DEVICES=0" in line
+    assert f"{Path(sys.executable).parent}/python3 {light_fork}/scripts/smoke_ppo.py trainer.n_gpus_per_node=1" in line
+    assert line.endswith(FORK_KEY) and not (tmp_path / "runs").exists()
+
+
+def test_a_python_lacking_what_the_fork_declares_is_refused_in_one_line(fork, tmp_path, monkeypatch, gpu_host):
+    """verl 0.9.1's own requirements (the fork's setup.py), against this venv: Hydra and others are not here."""
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    result = run_cli("--runtime", "verl", "--verl-source", str(fork), "--target", "local", "--gpus", "1",
+                     "--no-plan", "--runs-dir", str(tmp_path / "runs"), "--", FORK_KEY)
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "lacks what your verl source declares (setup.py): " in result.output
+    assert "hydra-core (not installed)" in result.output and "or use --target docker" in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_python_without_verl_is_one_line(tmp_path, monkeypatch, gpu_host):
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bare' / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    runs = tmp_path / "runs"
+    result = run_cli("--runtime", "verl", "--target", "local", "--gpus", "1", "--no-plan", "--runs-dir", str(runs),
+                     "--", "trainer.total_epochs=1")
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"{tmp_path}/bare/bin/python3 has no verl: install it there (pip install verl==0.9.1)" in result.output
+    assert not runs.exists()
+
+
+def test_a_host_without_gpus_is_told_where_verl_can_train(light_fork, tmp_path, monkeypatch):
+    monkeypatch.setenv("VERL_DEPLOY_NVML_READING", str(FIXTURES / "nvml" / "no-driver.json"))
+    result = run_cli("--runtime", "verl", "--verl-source", str(light_fork), "--target", "local", "--gpus", "1",
+                     "--entry", "scripts/smoke_ppo.py", "--no-plan", "--runs-dir", str(tmp_path / "runs"), "--",
+                     FORK_KEY)
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "this host has no NVIDIA GPU, and verl trains on GPUs only" in result.output
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_slurm_run_without_a_container_runs_the_fork_in_the_venv(light_fork, tmp_path, nodes):
+    result = run_cli("--runtime", "verl", "--verl-source", str(light_fork), "--target", "slurm", "--gpus", "4",
+                     "--nodes", str(nodes), "--entry", "scripts/smoke_ppo.py", "--dry-run", "--runs-dir",
+                     str(tmp_path), "--run-id", "lp", "--no-plan", "--", FORK_KEY)
+    assert result.exit_code == 0, result.output
+    venv = Path(sys.executable).parent
+    assert f"PYTHONPATH={light_fork}" in result.stdout
+    assert f"{venv}/python3 {light_fork}/scripts/smoke_ppo.py trainer.n_gpus_per_node=4 trainer.nnodes={nodes}" \
+        in result.stdout
+    assert (f"{venv}/ray start --head" in result.stdout) == (nodes > 1)  # the venv's Ray, with no image's loader
+    assert "/opt/verl-deploy/secrets.py" not in result.stdout
 
 
 # --- the image, built for real -------------------------------------------------------------------------------------

@@ -156,7 +156,12 @@ def run(
     source = source_variant = source_image = None
     if verl_source:
         try:
-            source, source_variant, source_image = _source_image(verl_source, variant, target, gpus)
+            if target == "local" or (target == "slurm" and container in (None, "none")):  # the host's Python: no image
+                from verl_deploy.verl_source import resolve
+
+                source = resolve(verl_source)
+            else:
+                source, source_variant, source_image = _source_image(verl_source, variant, target, gpus)
         except SourceError as exc:
             raise _launch_error(exc) from None
     request = RunRequest(
@@ -181,7 +186,11 @@ def run(
             spec = _with_verl_source(spec, source, source_variant, entry, build, bool(resume))
         if planned.build_image:  # only once the config and flags are known to be good: a build takes minutes
             spec = dataclasses.replace(spec, image=ensure_default_image(planned.variant, spec.runtime))
-        if spec.upstream:
+        if spec.upstream and _on_host(planned):
+            if planned.target == "local":
+                launcher.environment(spec)  # the host's GPUs first: without them verl cannot train here at all
+            _check_host_verl(spec, source, planned.target)
+        elif spec.upstream:
             _check_with_verl(spec)
         if planned.target == "docker":
             _warn_if_stale(spec.image)
@@ -261,6 +270,8 @@ def _with_verl_source(spec, source, variant: str | None, entry: str | None, buil
     trainer, labels = tuple(record.get("trainer") or ()), dict(record.get("verl_source") or {})
     if source is not None:
         labels = {key.removeprefix("verl-deploy."): value for key, value in source.labels().items()}
+        # where it is on this host: a run in the host's Python puts it on PYTHONPATH (launchers/host_verl.py)
+        labels.update(root=str(source.root), package_parent=source.package_parent)
         spec = dataclasses.replace(spec, variant=variant)
         if build:
             try:
@@ -271,6 +282,28 @@ def _with_verl_source(spec, source, variant: str | None, entry: str | None, buil
         trainer = entry_command(entry, source.root if source else None)
     spec = dataclasses.replace(spec, trainer=trainer, verl_source=labels)
     return dataclasses.replace(spec, command=command_of(spec))
+
+
+def _on_host(planned) -> bool:
+    """The trainer runs in a Python of the host, not in an image: local, and Slurm's --container none."""
+    return planned.target == "local" or (planned.slurm is not None and planned.slurm.mode == "none")
+
+
+def _check_host_verl(spec, source, target: str) -> None:
+    """Upstream verl in the host's python3 (launchers/host_verl.py): it has verl and what the source declares, and
+    the overrides compose by that verl's own config there; a Python without Hydra gets a note instead."""
+    from verl_deploy.launchers import host_verl, upstream
+
+    python = host_verl.python()
+    where = f"--runtime verl --target {target}" + (" --container none" if target == "slurm" else "")
+    found = host_verl.check(spec, source, python, where)
+    if not found["hydra"]:
+        typer.echo(f"note: {python} has no hydra-core, so verl's config has not checked the overrides (the trainer "
+                   "checks them when it starts)", err=True)
+        return
+    typer.echo(f"checking the overrides with verl's config in {python} (main_ppo --cfg job, validate_config)", err=True)
+    entry = tuple(host_verl.trainer(spec, python)[1:]) if spec.trainer else ()
+    upstream.check_on_host(python, host_verl.environment(spec), list(spec.command.host_args), entry)
 
 
 def _check_with_verl(spec) -> None:

@@ -120,7 +120,7 @@ class Command:
 
     # The trainer's arguments, container paths: after `python -m verl_runtime`, or after upstream verl's main_ppo.
     args: tuple[str, ...] = ()
-    # Our runtime's arguments with host paths (a local run, Slurm without a container); () for upstream verl.
+    # The trainer's arguments with host paths (a local run, Slurm without a container).
     host_args: tuple[str, ...] = ()
     # What follows the image's entrypoint (a container's arguments): ours is `python -m verl_runtime`; verl's image
     # loads the secret files, then runs its trainer, which these name.
@@ -435,10 +435,14 @@ def command_of(spec: JobSpec) -> Command:
     the world size, the overrides, and in a container reward.function where the mounts put its file. Upstream
     verl's: its trainer with main_ppo's arguments (verl_command), run under its secret-file loader."""
     if spec.upstream:
-        args = tuple(verl_command.trainer_args(spec.overrides, spec.gpus.number or 0, spec.nodes, spec.container_run_dir))
+        def main_ppo(run_dir: str) -> tuple[str, ...]:
+            return tuple(verl_command.trainer_args(spec.overrides, spec.gpus.number or 0, spec.nodes, run_dir))
+
+        args = main_ppo(spec.container_run_dir)
         entry_args = (*(spec.trainer or compat.load_runtimes()[spec.runtime].trainer), *args)
         loader = verl_command.SECRETS_ENTRY
-        return Command(args=args, entry_args=entry_args, shell=(*loader, *entry_args), secrets_loader=loader)
+        return Command(args=args, host_args=main_ppo(str(spec.run_dir)), entry_args=entry_args,
+                       shell=(*loader, *entry_args), secrets_loader=loader)
 
     def train(config: str, run_dir: str) -> tuple[str, ...]:
         args = ["train", config, "--set", f"trainer.run_dir={run_dir}", "--set", "trainer.resume=auto"]

@@ -24,17 +24,21 @@ def host_gpu_env(gpus: Gpus) -> dict[str, str]:
     torch can use them (else the run would quietly train on the CPU)."""
     if not gpus.wanted:
         return {}
-    from verl_deploy import host_facts
     from verl_deploy.doctor.torch_check import installed_torch
 
-    found = len(host_facts.read().capabilities)
-    env = visible_devices(gpus, found)
+    env = visible_devices(gpus, _gpus_here())
     build = installed_torch()
     if build is None or build[1] is None:
         what = "no torch" if build is None else f"torch {build[0]}, a CPU build,"
         raise LaunchError(f"--gpus {gpus}: this Python has {what} so the run would train on the CPU: install a CUDA "
                           "build (`verl-deploy doctor` says which), or use --target docker")
     return env
+
+
+def _gpus_here() -> int:
+    from verl_deploy import host_facts
+
+    return len(host_facts.read().capabilities)
 
 
 def visible_devices(gpus: Gpus, found: int) -> dict[str, str]:
@@ -56,16 +60,34 @@ class LocalLauncher:
         self.runs_root = Path(runs_root)
 
     def command(self, spec: JobSpec) -> list[str]:
+        if spec.upstream:  # upstream verl in the python3 on PATH (host_verl)
+            from verl_deploy.launchers import host_verl
+
+            return host_verl.argv(spec, host_verl.python())
         return [sys.executable, "-m", "verl_runtime", *spec.command.host_args]
 
+    def environment(self, spec: JobSpec) -> dict[str, str]:
+        """What the trainer gets on top of this host's environment."""
+        if spec.upstream:
+            from verl_deploy.launchers import host_verl
+
+            found = _gpus_here()
+            if found == 0:
+                raise LaunchError("--runtime verl --target local: this host has no NVIDIA GPU, and verl trains on GPUs "
+                                  "only: run it on a GPU host or cluster (--target k8s, slurm), or train on this CPU "
+                                  "with our runtime (drop --runtime verl)")
+            return {**host_verl.environment(spec), **visible_devices(spec.gpus, found)}  # verl checks its torch
+        return {**host_gpu_env(spec.gpus), **spec.env}
+
     def dry_run(self, spec: JobSpec) -> str:
-        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in host_gpu_env(spec.gpus).items())
+        env = " ".join(f"{key}={shlex.quote(value)}" for key, value in self.environment(spec).items()
+                       if key not in spec.env)  # --env values are the user's: not echoed
         return (env + " " if env else "") + shlex.join(self.command(spec))
 
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
         if self._running(spec.run_dir):
             raise LaunchError(f"run {spec.run_id} is still running: `verl-deploy stop {spec.run_id}` first")
-        gpu_env = host_gpu_env(spec.gpus)
+        run_env = self.environment(spec)
         fresh = not spec.run_dir.exists()
         log_path = spec.run_dir / CONSOLE_LOG
         try:
@@ -74,7 +96,7 @@ class LocalLauncher:
         except OSError as exc:
             raise _abandon(spec.run_dir, fresh, exc) from None
         offset = log_path.stat().st_size  # a resumed run's log goes on: follow from where this start begins
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **gpu_env, **spec.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **run_env}
         # The supervisor records the exit code; a session of its own: the run survives the CLI and the terminal,
         # and gets signals only from us.
         supervisor = subprocess.Popen(

@@ -165,8 +165,6 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
     elif request.run_id and (taken := runs.existing_run(runs_root, request.run_id)):
         raise ValueError(taken)  # the trainer would resume it silently
     target = target or "docker"
-    if runtime != compat.DEFAULT_RUNTIME and target == "local":
-        raise LaunchError(f"--runtime {runtime} runs in its image: use --target docker or --target k8s")
     asked_gpus = gpus_of(gpus)  # the one parse of --gpus
     extra_env = parse_env(request.env)
     cluster = cluster_options(request.node_selector, request.gpu_type, request.priority_class,
@@ -187,18 +185,21 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
         ipc_host=request.ipc_host, nodes=nodes, **volumes, storage_class=request.storage_class, env=extra_env,
         namespace=request.namespace or "default", runtime=runtime, cluster=cluster, environ=environ,
     )
+    in_host_python = spec.upstream and target == "local"  # no image: upstream verl in the host's python3
     try:  # the one choice, so a dry run names the image the run starts
+        if in_host_python:
+            raise LookupError("no image")
         variant = compat.variant_for(request.variant or "auto", wants_gpus=spec.gpus.wanted,
                                      on_this_host=target not in CLUSTER_TARGETS, runtime=runtime)
     except LookupError as exc:
-        if image is None:
+        if image is None and not in_host_python:
             raise LaunchError(f"{exc}: name one with --variant, or give --image") from None
         variant = None  # --image names what runs: no variant of the catalog has to run here
     build_image = image is None and target == "docker" and not request.dry_run
     flags = given_flags(request)
     if target != "k8s":  # host folders: kept absolute, so a resume from another directory finds them
         flags.update({name: str(Path(flags[name]).expanduser().resolve()) for name in ("data", "hf_cache") if name in flags})
-    spec = dataclasses.replace(spec, image=image or default_image(variant, runtime), variant=variant,
+    spec = dataclasses.replace(spec, image=image or ("" if in_host_python else default_image(variant, runtime)), variant=variant,
                                launch_flags=flags)
     check_paths(spec, target)  # data, reward and model files, before an image is built or anything started
     slurm = None

@@ -107,6 +107,10 @@ def directives(spec: JobSpec, options: SlurmOptions) -> list[str]:
 
 
 def _venv_env(spec: JobSpec) -> dict[str, str]:
+    if spec.upstream:  # the source first on PYTHONPATH, verl's file logger into the run directory
+        from verl_deploy.launchers import host_verl
+
+        return host_verl.environment(spec)
     env = {"PYTHONUNBUFFERED": "1", **spec.env}
     if spec.hf_cache:
         env["HF_HOME"] = str(spec.hf_cache)
@@ -162,24 +166,43 @@ def _workers_srun(spec: JobSpec) -> str:
     return f'srun --overlap --nodes={others} --ntasks={others} --ntasks-per-node=1 --exclude="$VERL_DEPLOY_HEAD"'
 
 
+def _python(spec: JobSpec, options: SlurmOptions) -> str:
+    """--container none: the venv that trains, on shared storage (upstream verl's: the python3 on PATH, host_verl)."""
+    if spec.upstream:
+        from verl_deploy.launchers import host_verl
+
+        return host_verl.python()
+    return options.python
+
+
 def _trainer_argv(spec: JobSpec, options: SlurmOptions) -> list[str]:
+    if options.mode == "none" and spec.upstream:
+        from verl_deploy.launchers import host_verl
+
+        return host_verl.argv(spec, _python(spec, options))
     if options.mode == "none":
         return [options.python, "-m", "verl_runtime", *spec.command.host_args]
     return list(spec.command.shell)
 
 
-def _ray(options: SlurmOptions) -> str:
+def _ray(spec: JobSpec, options: SlurmOptions) -> str:
     """The `ray` executable: the venv's beside its python, or the image's."""
-    return str(Path(options.python).parent / "ray") if options.mode == "none" else "ray"
+    return str(Path(_python(spec, options)).parent / "ray") if options.mode == "none" else "ray"
+
+
+def _loader(spec: JobSpec, options: SlurmOptions) -> list[str]:
+    """What a Ray node runs under to have the secret files: the image's loader; none in a venv (the job's
+    environment has them)."""
+    return list(spec.command.secrets_loader) if options.mode != "none" else []
 
 
 def ray_head(spec: JobSpec, options: SlurmOptions) -> list[str]:
-    return [*spec.command.secrets_loader, _ray(options), "start", "--head", f"--port={RAY_PORT}",
+    return [*_loader(spec, options), _ray(spec, options), "start", "--head", f"--port={RAY_PORT}",
             "--node-ip-address=$VERL_DEPLOY_HEAD_IP", "--disable-usage-stats", "--block"]
 
 
 def ray_worker(spec: JobSpec, options: SlurmOptions) -> list[str]:
-    return [*spec.command.secrets_loader, _ray(options), "start", "--address=$RAY_ADDRESS", "--block"]
+    return [*_loader(spec, options), _ray(spec, options), "start", "--address=$RAY_ADDRESS", "--block"]
 
 
 def _expand(line: str) -> str:
@@ -191,8 +214,6 @@ def _expand(line: str) -> str:
 
 def batch_script(spec: JobSpec, options: SlurmOptions) -> str:
     """The whole batch script (pure: what `--dry-run` prints is what sbatch gets)."""
-    if spec.upstream and options.mode == "none":
-        raise LaunchError(f"--runtime {spec.runtime} runs in its image: use --container docker, apptainer or pyxis")
     env = _venv_env(spec) if options.mode == "none" else dict(spec.env)
     exit_file = spec.run_dir / JOB_EXIT
     lines = [

@@ -94,9 +94,34 @@ def check_in_image(engine, image: str, args: list[str], entry: tuple[str, ...] =
                           "busy? Try again") from None
     finally:
         discard(container)
+    return verdict(code, out, err)
+
+
+def check_on_host(python: str, env: dict[str, str], args: list[str], entry: tuple[str, ...] = ()) -> str:
+    """CHECK with this host's Python (a run of verl in it: launchers/host_verl.py), in a scratch directory with the
+    run's environment; the composed config, or LaunchError as check_in_image's."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    extra = {"HF_HUB_OFFLINE": "1", **({"VERL_DEPLOY_ENTRY": json.dumps(list(entry))} if entry else {})}
+    with tempfile.TemporaryDirectory(prefix="verl-check-") as scratch:
+        try:
+            done = subprocess.run([python, "-c", CHECK, *args], capture_output=True, text=True, cwd=scratch,
+                                  env={**os.environ, **env, **extra}, timeout=CHECK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f"verl's config check with {python} gave no answer within {CHECK_TIMEOUT_S} s: is this "
+                              "host busy? Try again") from None
+    return verdict(done.returncode, done.stdout, done.stderr)
+
+
+def verdict(code: int, out: str, err: str) -> str:
+    """CHECK's outcome: the composed config (exit 0), or LaunchError: Hydra's message (2), verl's validation's
+    exception (3), or the last line of whatever else stopped it."""
     if code == 2:
         raise LaunchError(f"verl's config rejects the overrides: {composition_error(err)}")
-    if code != 0:  # verl's validation: its exception, the last line (3), or the check's own crash
+    if code != 0:
         lines = [line.strip() for line in err.splitlines() if line.strip()]
         raise LaunchError(f"verl's config check fails: {lines[-1] if lines else f'exit code {code}'}")
     return out
