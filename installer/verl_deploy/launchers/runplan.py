@@ -199,8 +199,8 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
     flags = given_flags(request)
     if target != "k8s":  # host folders: kept absolute, so a resume from another directory finds them
         flags.update({name: str(Path(flags[name]).expanduser().resolve()) for name in ("data", "hf_cache") if name in flags})
-    spec = dataclasses.replace(spec, image=image or ("" if in_host_python else default_image(variant, runtime)), variant=variant,
-                               launch_flags=flags)
+    runs_in = image or ("" if in_host_python else default_image(variant, runtime))
+    spec = dataclasses.replace(spec, image=runs_in, variant=variant, launch_flags=flags)
     check_paths(spec, target)  # data, reward and model files, before an image is built or anything started
     slurm = None
     if target == "slurm":
