@@ -314,16 +314,23 @@ def test_an_entry_script_that_is_not_in_the_source_is_one_line(fork, tmp_path):
 
 # --- the host's Python: --target local, Slurm's --container none -------------------------------------------------
 
-# The fork's own entry script (`--entry scripts/smoke_ppo.py`), standing in for its trainer, which needs a GPU: where
-# `import verl` would load verl from, what it was given, its environment, and one step in verl's file-logger format.
-SMOKE = """import importlib.util, json, os, sys
-given = dict(arg.split("=", 1) for arg in sys.argv[1:])
-print("verl from", importlib.util.find_spec("verl").origin)
-print("given", json.dumps(given))
-with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as log:
-    log.write(json.dumps({"step": 1, "data": {"critic/score/mean": float(given["length_penalty.coef"])}}) + "\\n")
+# The fork's own entry script (`--entry scripts/smoke_ppo.py`), standing in for its trainer, which needs a GPU: a Hydra
+# app over the fork's own ppo_trainer.yaml, as verl's main_ppo is. It says where `import verl` would load verl from
+# and what its config holds, and logs one step in verl's file-logger format.
+SMOKE = """import importlib.util, json, os
+import hydra
+
+@hydra.main(config_path="../verl/trainer/config", config_name="ppo_trainer", version_base=None)
+def main(config):
+    print("verl from", importlib.util.find_spec("verl").origin)
+    print("coef", config.length_penalty.coef, "checkpoints", config.trainer.default_local_dir)
+    with open(os.environ["VERL_FILE_LOGGER_PATH"], "a") as log:
+        log.write(json.dumps({"step": 1, "data": {"critic/score/mean": config.length_penalty.coef}}) + "\\n")
+
+if __name__ == "__main__":
+    main()
 """
-LIGHT = ["torch", "pyyaml"]  # a fork declaring only what this venv has
+LIGHT = ["torch", "pyyaml", "hydra-core"]  # a fork declaring only what this venv has
 
 
 @pytest.fixture
@@ -342,6 +349,7 @@ def light_fork(verl_wheel, tmp_path, monkeypatch, gpu_host) -> Path:
     git(fork, "add", "-A")
     git(fork, "commit", "--quiet", "-m", "a smoke script")
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)  # Hydra writes its outputs/ where the run starts, as verl's main_ppo does
     return fork
 
 
@@ -351,11 +359,9 @@ def test_a_local_run_trains_the_fork_in_this_host_s_python_with_its_verl_first(l
                      "--entry", "scripts/smoke_ppo.py", "--runs-dir", str(runs), "--run-id", "lp", "--no-plan", "--",
                      FORK_KEY, "trainer.total_training_steps=1")
     assert result.exit_code == 0, result.output
+    assert f"checking the overrides with verl's config in {Path(sys.executable).parent}/python3" in result.output
     assert f"verl from {light_fork}/verl/__init__.py" in result.output  # the fork's, not an installed verl
-    given = json.loads(result.output.split("given ", 1)[1].splitlines()[0])
-    assert given["length_penalty.coef"] == "0.05"  # the fork's key, as given
-    assert given["trainer.default_local_dir"] == str(runs / "lp" / "checkpoints")
-    assert "has no hydra-core, so verl's config has not checked the overrides" in result.output
+    assert f"coef 0.05 checkpoints {runs}/lp/checkpoints" in result.output  # the fork's key, composed by its config
     status = json.loads(CliRunner().invoke(app, ["status", "lp", "--runs-dir", str(runs), "--json"]).stdout)
     assert (status["target"], status["state"], status["exit_code"]) == ("local", "succeeded", 0)
     assert status["last_metrics"]["critic/score/mean"] == 0.05  # verl's file logger's line, read back
@@ -366,6 +372,16 @@ def test_a_local_run_trains_the_fork_in_this_host_s_python_with_its_verl_first(l
     again = run_cli("--resume", "lp", "--runs-dir", str(runs), "--no-plan")
     assert again.exit_code == 0, again.output  # the recorded source, entry and fork key; the edit runs
     assert [json.loads(line)["step"] for line in (runs / "lp" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_key_the_fork_s_config_lacks_is_refused_by_its_own_hydra_before_anything_starts(light_fork, tmp_path):
+    result = run_cli("--runtime", "verl", "--verl-source", str(light_fork), "--target", "local", "--gpus", "1",
+                     "--entry", "scripts/smoke_ppo.py", "--runs-dir", str(tmp_path / "runs"), "--no-plan", "--",
+                     "length_penalty.coeff=0.05")
+    assert result.exit_code == 2, result.output
+    [error] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert "verl's config rejects the overrides: Could not override 'length_penalty.coeff'" in error
+    assert "Traceback" not in result.output and not (tmp_path / "runs").exists()
 
 
 def test_the_local_dry_run_shows_the_python_the_source_path_and_the_fork_s_script(light_fork, tmp_path):
@@ -381,13 +397,13 @@ def test_the_local_dry_run_shows_the_python_the_source_path_and_the_fork_s_scrip
 
 
 def test_a_python_lacking_what_the_fork_declares_is_refused_in_one_line(fork, tmp_path, monkeypatch, gpu_host):
-    """verl 0.9.1's own requirements (the fork's setup.py), against this venv: Hydra and others are not here."""
+    """verl 0.9.1's own requirements (the fork's setup.py), against this venv: codetiming and others are not here."""
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     result = run_cli("--runtime", "verl", "--verl-source", str(fork), "--target", "local", "--gpus", "1",
                      "--no-plan", "--runs-dir", str(tmp_path / "runs"), "--", FORK_KEY)
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
     assert "lacks what your verl source declares (setup.py): " in result.output
-    assert "hydra-core (not installed)" in result.output and "or use --target docker" in result.output
+    assert "codetiming (not installed)" in result.output and "or use --target docker" in result.output
     assert not (tmp_path / "runs").exists()
 
 
