@@ -301,7 +301,7 @@ def _check_host_verl(spec, source, target: str) -> None:
         typer.echo(f"note: {python} has no hydra-core, so verl's config has not checked the overrides (the trainer "
                    "checks them when it starts)", err=True)
         return
-    typer.echo(f"checking the overrides with verl's config in {python} (main_ppo --cfg job, validate_config)", err=True)
+    typer.echo(f"checking the overrides with verl's config in {python} (--cfg job)", err=True)
     entry = tuple(host_verl.trainer(spec, python)[1:]) if spec.trainer else ()
     upstream.check_on_host(python, host_verl.environment(spec), list(spec.command.host_args), entry)
 
