@@ -156,7 +156,7 @@ def run(
     source = source_variant = source_image = None
     if verl_source:
         try:
-            if target == "local" or (target == "slurm" and container in (None, "none")):  # the host's Python: no image
+            if _in_host_python(target, container):  # no image to build or name
                 from verl_deploy.verl_source import resolve
 
                 source = resolve(verl_source)
@@ -186,7 +186,7 @@ def run(
             spec = _with_verl_source(spec, source, source_variant, entry, build, bool(resume))
         if planned.build_image:  # only once the config and flags are known to be good: a build takes minutes
             spec = dataclasses.replace(spec, image=ensure_default_image(planned.variant, spec.runtime))
-        if spec.upstream and _on_host(planned):
+        if spec.upstream and _in_host_python(planned.target, planned.slurm.container if planned.slurm else None):
             if planned.target == "local":
                 launcher.environment(spec)  # the host's GPUs first: without them verl cannot train here at all
             _check_host_verl(spec, source, planned.target)
@@ -284,9 +284,10 @@ def _with_verl_source(spec, source, variant: str | None, entry: str | None, buil
     return dataclasses.replace(spec, command=command_of(spec))
 
 
-def _on_host(planned) -> bool:
-    """The trainer runs in a Python of the host, not in an image: local, and Slurm's --container none."""
-    return planned.target == "local" or (planned.slurm is not None and planned.slurm.mode == "none")
+def _in_host_python(target: str | None, container: str | None) -> bool:
+    """The trainer runs in a Python of the host, not in an image: local, and Slurm's --container none (its
+    default)."""
+    return target == "local" or (target == "slurm" and container in (None, "none"))
 
 
 def _check_host_verl(spec, source, target: str) -> None:
