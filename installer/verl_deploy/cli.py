@@ -178,8 +178,9 @@ def run(
         spec = planned.spec
         for change in planned.resume_changes:
             typer.echo(f"resume {resume}: {change}", err=True)
+        not_planned = None
         if not no_plan:
-            spec = _preflight(spec, planned.target)
+            spec, not_planned = _preflight(spec, planned.target)
         launcher = get_launcher(planned.target, root, spec.namespace, slurm=planned.slurm)
         if source or entry or (resume and spec.upstream):
             build = source is not None and image is None and planned.target == "docker" and not dry_run
@@ -195,10 +196,15 @@ def run(
         if planned.target == "docker":
             _warn_if_stale(spec.image)
         if dry_run:
-            typer.echo(launcher.dry_run(spec))
+            text = launcher.dry_run(spec)  # a run the launcher refuses says only why
+            if not_planned:
+                typer.echo(not_planned, err=True)
+            typer.echo(text)
             return
         if resume:
             runs.note_resume(spec.run_dir, list(planned.resume_changes))
+        if not_planned:
+            typer.echo(not_planned, err=True)
         code = launcher.launch(spec, detach=detach)
         if detach:
             typer.echo(f"run {spec.run_id} started ({planned.target}); follow it: verl-deploy logs -f {spec.run_id}",
@@ -218,7 +224,9 @@ def run(
 
 def _preflight(spec, target: str):
     """Plan the run's memory before anything is created (verl_deploy.plan): refuse one that does not fit, in one line
-    with the cheapest fix, and warn when it is tight. The spec, with the plan in the trainer's environment."""
+    with the cheapest fix, and warn when it is tight. The spec, with the plan in the trainer's environment, and the
+    line that says why the run could not be planned (None when it was): `run` prints it, on stderr, once the
+    launcher has taken the run (a run it refuses says only why), so that no run goes unplanned in silence."""
     from verl_deploy.launchers import LaunchError
     from verl_deploy.launchers.jobspec import with_plan
     from verl_deploy.plan import preflight
@@ -227,9 +235,11 @@ def _preflight(spec, target: str):
                       nodes=spec.nodes, gpu_type=spec.cluster.gpu_type)
     if check.refuse:
         raise LaunchError(check.message)
-    if check.status == "tight":  # a skipped plan (a cluster's unknown GPU, a model not at hand) says nothing here
+    if check.status == "tight":
         typer.echo(check.message, err=True)
-    return with_plan(spec, check.plan.for_trainer()) if check.plan is not None else spec
+    if check.plan is None:  # not planned: a cluster's unknown GPU, a model not at hand, ...
+        return spec, check.message
+    return with_plan(spec, check.plan.for_trainer()), None
 
 
 def _warn_if_stale(image: str) -> None:

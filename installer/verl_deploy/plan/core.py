@@ -126,11 +126,14 @@ def plan(config: Path | None = None, overrides: Sequence[str] = (), *, runtime: 
         raise PlanError(f"--runtime {runtime!r}: use verl-deploy or verl")
     if not work.model_path:
         raise PlanError("no model: set actor_rollout_ref.model.path (or model.path)")
-    shape = model_shape(work.model_path)
-    critic = model_shape(work.critic_path) if work.critic_path and work.critic_path != work.model_path else None
+    actor_key, critic_key = ("model.path", "critic.model_path") if runtime == OURS else (
+        "actor_rollout_ref.model.path", "critic.model.path")
+    shape = model_shape(work.model_path, actor_key)
+    critic = (model_shape(work.critic_path, critic_key) if work.critic_path and work.critic_path != work.model_path
+              else None)
     stats, why = None, "the data file was not read"
     if read_data and prompt_length is None:
-        source = read_config(work.model_path)
+        source = read_config(work.model_path, actor_key)
         hub = work.model_path if not Path(work.model_path).expanduser().exists() else None
         stats, why = lengths_mod.prompt_stats([str(f) for f in data_files], source.folder, hub,
                                               work.max_prompt_length, apply_template)
@@ -345,11 +348,18 @@ def _gpu_device(gpu_type, gpu_memory, host_gpu, why: str) -> Device:
         return from_type(gpu_type)
     if host_gpu is not None:
         return host_gpu
-    raise PlanError(f"{why} and this host shows no GPU: name the one to plan for with --gpu-type (e.g. H100) or "
-                    "--gpu-memory (e.g. 80g)")
+    raise _NoGpu(f"{why} and this host shows no GPU: name the one to plan for with --gpu-type (e.g. H100) or "
+                 "--gpu-memory (e.g. 80g)")
+
+
+class _NoGpu(PlanError):
+    """A GPU run and no GPU to plan for (preflight words it for a cluster's run)."""
 
 
 # --- the pre-flight of `verl-deploy run` ----------------------------------------------------------------------
+
+
+NOT_PLANNED = "note: not planned for memory"  # how `run` starts the line of a run it could not plan
 
 
 @dataclass
@@ -373,19 +383,26 @@ def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = O
     local and docker runs are planned for this host's GPUs (or its memory, for a CPU run); a k8s run for --gpu-type
     (without it, a GPU run on a cluster is skipped: the cluster's GPUs are not known here). Lengths are the config's
     typical and worst lengths of lengths.py (no data file is read: this stays fast). Refuses only "does not fit" (the
-    typical lengths do not fit); warns for "tight"."""
+    typical lengths do not fit); warns for "tight"; a run that could not be planned gets one line, "note: not planned
+    for memory: <why>" (a model whose config.json cannot be had, offline or without the Hub, says so within
+    seconds: shape.py), and goes on: the cluster or the container may have what this host lacks."""
     from verl_deploy.launchers import CLUSTER_TARGETS
 
+    unknown_gpu = Preflight("skipped", f"{NOT_PLANNED}: the cluster's GPU is unknown here (name it with --gpu-type "
+                            "to check that the run fits)")
     if target in CLUSTER_TARGETS and not gpu_type and (runtime != OURS or (gpus and gpus.wanted)):
-        return Preflight("skipped", "note: not planned for memory: the cluster's GPU is unknown here (name it with "
-                         "--gpu-type to check that the run fits)")
+        return unknown_gpu
     try:
         result = plan(config, overrides, runtime=runtime, gpus=gpus, nodes=nodes, gpu_type=gpu_type,
                       read_data=False, this_host=target not in CLUSTER_TARGETS)
+    except _NoGpu:  # a GPU run whose GPU is not named, and none on this host
+        return unknown_gpu if target in CLUSTER_TARGETS else Preflight(
+            "skipped", f"{NOT_PLANNED}: the run asks for GPUs and this host shows none (`verl-deploy plan "
+            "--gpu-type NAME` plans for one)")
     except PlanError as exc:
-        return Preflight("skipped", f"note: not planned for memory: {exc}")
+        return Preflight("skipped", f"{NOT_PLANNED}: {_one_line(exc)}")
     except Exception as exc:  # the planner must never stop a run by a bug of its own
-        return Preflight("skipped", f"note: not planned for memory ({type(exc).__name__}: {exc})")
+        return Preflight("skipped", f"{NOT_PLANNED} ({type(exc).__name__}: {_one_line(exc)})")
     where = f"{result.device.name}" + ("" if result.device.is_cpu else f" x {result.workload.world}")
     if result.verdict == NO:
         best = result.suggestions[0] if result.suggestions else "a larger GPU or a smaller model"
@@ -396,6 +413,10 @@ def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = O
         return Preflight(TIGHT, f"warning: the run is tight on {where}: {result.reason} (`verl-deploy plan` shows "
                          "every phase)", result)
     return Preflight(FITS, None, result)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 __all__ = ["COMPONENTS", "FITS", "NO", "TIGHT", "Plan", "PlanError", "Preflight", "plan", "preflight"]

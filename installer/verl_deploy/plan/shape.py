@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,8 +136,9 @@ class ConfigSource:
     extra: dict = field(default_factory=dict)
 
 
-def read_config(path: str) -> ConfigSource:
-    """config.json of a local directory, builtin:tiny or a Hub id; PlanError (one line) otherwise."""
+def read_config(path: str, setting: str = "model.path") -> ConfigSource:
+    """config.json of a local directory, builtin:tiny or a Hub id; PlanError (one line) otherwise. `setting`:
+    the config key that named the model (a message says how to give a local folder through it)."""
     path = str(path)
     if path.startswith(BUILTIN_PREFIX):
         return _builtin(path)
@@ -155,7 +157,7 @@ def read_config(path: str) -> ConfigSource:
         raise PlanError(f"model {path} not found: give a local Hugging Face model directory (with config.json), a "
                         "Hub id (org/name or org/name@revision) or builtin:tiny")
     match = HUB_ID.match(path)
-    file = _hub_config(match["repo"], match["revision"])
+    file = _hub_config(match["repo"], match["revision"], setting)
     return ConfigSource(_load_json(file), file.parent, path)
 
 
@@ -195,10 +197,21 @@ def _builtin(path: str) -> ConfigSource:
     return ConfigSource(_load_json(folder / "config.json"), folder, path)
 
 
-def _hub_config(repo: str, revision: str | None) -> Path:
-    """config.json of a Hub model through huggingface_hub (its cache, its offline mode), that file only."""
+# Seconds the one HEAD of config.json may take when the Hub is asked (HF_HUB_ETAG_TIMEOUT, when set, decides):
+# the Hub answers a HEAD in well under a second; a network that swallows requests is known within seconds.
+PROBE_TIMEOUT_S = 2.0
+_FETCHED: dict[tuple, Path] = {}  # config.json files found in this process, by what was asked
+
+
+def _hub_config(repo: str, revision: str | None, setting: str = "model.path") -> Path:
+    """config.json of a Hub model through huggingface_hub (its cache, its offline mode), that file only.
+
+    Where the Hub cannot be reached the answer is one line within seconds: huggingface_hub's hf_hub_download,
+    whose first HEAD fails on a network without the Hub, asks again 5 times with back-off (~25 s, a log line each)
+    when the file is not cached; so a file not in the cache is first asked for by one HEAD without retries, with a
+    short timeout (a cached one falls back to the cache after one HEAD), with huggingface_hub quiet meanwhile."""
     try:
-        from huggingface_hub import constants, hf_hub_download
+        from huggingface_hub import constants, hf_hub_download, hf_hub_url
         from huggingface_hub.errors import (
             EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
             RevisionNotFoundError,
@@ -207,30 +220,106 @@ def _hub_config(repo: str, revision: str | None) -> Path:
         found = _cached_config(repo, revision)
         if found is None:
             raise PlanError(f"{repo} is not in the Hugging Face cache and huggingface_hub is not installed to fetch "
-                            "its config.json: pip install huggingface_hub, or give a local model directory") from None
+                            f"its config.json: pip install huggingface_hub, or {_local_hint(setting)}") from None
         return found
     where = repo + (f" at revision {revision}" if revision else "")
     cache = _hub_cache()  # the environment as it is now (huggingface_hub read it when first imported)
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on") or constants.HF_HUB_OFFLINE
+    offline = _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE") or constants.HF_HUB_OFFLINE
+    endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+    timeout = _probe_timeout()
+    asked = (repo, revision, endpoint, str(cache), offline)
+    if asked in _FETCHED and _FETCHED[asked].is_file():  # a plan reads config.json more than once: one request
+        return _FETCHED[asked]
     try:
-        return Path(hf_hub_download(repo, "config.json", revision=revision, cache_dir=cache, local_files_only=offline))
+        with _quiet_hub():
+            if not offline and _cached_config(repo, revision) is None:  # one HEAD, no retries: is the Hub there?
+                _probe(hf_hub_url(repo, "config.json", revision=revision, endpoint=endpoint), endpoint, timeout)
+            _FETCHED[asked] = Path(hf_hub_download(repo, "config.json", revision=revision, cache_dir=cache,
+                                                   endpoint=endpoint, etag_timeout=timeout, local_files_only=offline))
+            return _FETCHED[asked]
+    except _Unreachable as exc:
+        raise PlanError(_unreachable(endpoint, where, cache, setting, str(exc))) from None
     except GatedRepoError:
         raise PlanError(f"{repo} is a gated model: accept its terms on the Hub, then set HF_TOKEN") from None
     except RevisionNotFoundError:
         raise PlanError(f"{repo} has no revision {revision!r}: use a branch, tag or commit of it") from None
     except RepositoryNotFoundError:
-        raise PlanError(f"{repo} is not a model on {constants.ENDPOINT}: check the id") from None
+        raise PlanError(f"{repo} is not a model on {endpoint}: check the id (a private one needs HF_TOKEN)") from None
     except LocalEntryNotFoundError:
         if offline:
-            raise PlanError(f"{where} is not in the Hugging Face cache {cache} and HF_HUB_OFFLINE=1: "
-                            f"fetch its config.json once (`hf download {repo} config.json`), or give a local "
-                            "directory") from None
-        raise PlanError(f"cannot reach {constants.ENDPOINT} for {where}'s config.json and it is not in the cache "
-                        f"{cache}: set HF_ENDPOINT to a mirror, or give a local directory") from None
+            raise PlanError(f"{where}'s config.json is not in the Hugging Face cache {cache} and HF_HUB_OFFLINE=1: "
+                            f"fetch it once where the Hub is reachable (`hf download {repo} config.json`), or "
+                            f"{_local_hint(setting)}") from None
+        raise PlanError(_unreachable(endpoint, where, cache, setting, "no answer")) from None
     except EntryNotFoundError:
         raise PlanError(f"{where} has no config.json: it is not a transformers model") from None
     except (HfHubHTTPError, OSError) as exc:
-        raise PlanError(f"cannot fetch {where}'s config.json: {str(exc).splitlines()[0]}") from None
+        raise PlanError(f"cannot fetch {where}'s config.json: {_first_line(exc)}") from None
+
+
+class _Unreachable(Exception):
+    """The Hub did not answer the HEAD (a connection error or a timeout); the message says which."""
+
+
+def _probe(url: str, endpoint: str, timeout: float) -> None:
+    """One HEAD of config.json, without huggingface_hub's retries: an HTTP answer raises as huggingface_hub raises
+    it (gated, not found, ...); no answer raises _Unreachable."""
+    from huggingface_hub import get_hf_file_metadata
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        get_hf_file_metadata(url, timeout=timeout, endpoint=endpoint)  # retry_on_errors=False: a single request
+    except HfHubHTTPError:
+        raise
+    except Exception as exc:  # httpx's connection errors and timeouts, as huggingface_hub lets them through
+        if "timeout" in type(exc).__name__.lower():  # ReadTimeout, ConnectTimeout, ...
+            raise _Unreachable(f"no answer in {timeout:g} s; HF_HUB_ETAG_TIMEOUT=10 waits longer") from None
+        raise _Unreachable(_first_line(exc)) from None
+
+
+def _unreachable(endpoint: str, where: str, cache: Path, setting: str, why: str) -> str:
+    return (f"cannot reach {endpoint} for {where}'s config.json ({why}) and it is not in the Hugging Face cache "
+            f"{cache}: {_local_hint(setting)}, or put it in that cache and set HF_HUB_OFFLINE=1 (or HF_ENDPOINT to a "
+            "mirror this network reaches)")
+
+
+def _local_hint(setting: str) -> str:
+    return f"give a local path ({setting}=/path/to/model, the folder with its config.json)"
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _probe_timeout() -> float:
+    try:
+        return float(os.environ["HF_HUB_ETAG_TIMEOUT"])
+    except (KeyError, ValueError):
+        return PROBE_TIMEOUT_S
+
+
+@contextmanager
+def _quiet_hub():
+    """While config.json is asked for: huggingface_hub's logger at ERROR and its warnings ignored (a plan's answer is
+    its own one line), and its telemetry off: the user-agent header would first GET the Hub's list of AI agents
+    (/api/agent-harnesses, 3 s of its own on a network that swallows requests), so config.json's requests are the
+    only ones."""
+    import logging
+    import warnings
+
+    from huggingface_hub import constants
+
+    logger = logging.getLogger("huggingface_hub")
+    level, telemetry = logger.level, constants.HF_HUB_DISABLE_TELEMETRY
+    logger.setLevel(logging.ERROR)
+    constants.HF_HUB_DISABLE_TELEMETRY = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+        constants.HF_HUB_DISABLE_TELEMETRY = telemetry
 
 
 def _hub_cache() -> Path:
@@ -251,9 +340,10 @@ def _cached_config(repo: str, revision: str | None) -> Path | None:
 # --- counting -------------------------------------------------------------------------------------------------
 
 
-def model_shape(path: str) -> ModelShape:
-    """The shape of the model at `path` (see the module docstring); PlanError (one line) when it cannot be had."""
-    source = read_config(path)
+def model_shape(path: str, setting: str = "model.path") -> ModelShape:
+    """The shape of the model at `path` (see the module docstring); PlanError (one line) when it cannot be had.
+    `setting`: the config key that named it (messages say how to give a local folder through it)."""
+    source = read_config(path, setting)
     text_config = _text_config(source.config)
     key = _config_key(source.config)
     cached = _cache_get(key)
