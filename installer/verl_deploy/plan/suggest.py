@@ -1,14 +1,28 @@
-"""When a run does not fit: the changes that make it fit, cheapest in throughput first, each checked by planning again
-and shown only when it changes the verdict.
+"""When a run does not fit: the changes that make it fit, in cost order, each planned again and shown only when it
+fits.
 
-The order: settings first (dynamic batching by a token budget, smaller micro-batches: more passes, same maths;
-chunked entropy; gradient checkpointing: one more forward; offloading states to host memory: transfers each step;
-sharding the model over the GPUs, our runtime's actor.strategy; vLLM for our rollout; the rollout engine's memory
-share), then tensor parallelism for verl's rollout, then more GPUs on the same node (up to 8), then more nodes, never
-more GPUs than the mini-batch has sequences. Each is spelled in the run's own keys (our runtime honours verl's memory
-settings under its own names). Where no single change is enough, the same changes are stacked in that order until
-the plan fits. For a tight run (the worst case does not fit) only the settings are tried: they remove the risk; more
-GPUs are not needed for a run that fits.
+The order, cheapest first:
+
+1. Settings on the GPUs asked for, each alone, every one that fits, cheapest in throughput first: dynamic batching by
+   a token budget, then smaller micro-batches (more passes, same maths; a budget never below the longest sequence);
+   chunked entropy; gradient checkpointing (one more forward); sharding over the GPUs already there (our runtime's
+   actor.strategy=fsdp: all-gathers over the node's links); offloading states to host memory (host transfers every
+   step, over PCIe: dearer than sharding); FSDP2's offload policy; vLLM for our rollout; the rollout engine's memory
+   share; verl's rollout tensor parallelism within the node (with the share that then fits). When none fits alone:
+   the same settings stacked in that order, each sized as if the micro-batches were as small as they go, until the
+   plan fits with the token budget or the largest micro-batches that then fit (a stack that fits with room first, a
+   tight one only when none has room); the settings the stack does not need are dropped again (the dearest first).
+   One "together:" line.
+2. Only when nothing fits on the GPUs asked for: more GPUs on the node, the fewest that fit (2, 4, 8 per node; only
+   counts the batch and the mini-batch split over evenly, never more than the mini-batch has sequences): at that
+   count the GPUs alone, else each setting that fits with them (actor.strategy=fsdp where sharding is what makes it
+   fit), else the stack, as in 1.
+3. Only when a full node is not enough: more nodes of 8 GPUs, the fewest that fit (2, 3, 4, ... up to MAX_NODES),
+   in the same way.
+
+Each change is spelled in the run's own keys (workload.OUR_KEYS for our runtime, which honours verl's memory
+settings under its own names; VERL_KEYS for upstream verl), GPUs and nodes as --gpus/--nodes. For a tight run (the
+worst case does not fit) only step 1 is tried: settings remove the risk; a run that fits needs no more GPUs.
 """
 
 from __future__ import annotations
@@ -19,7 +33,8 @@ from typing import Callable
 from verl_deploy.plan.workload import OURS, Workload
 from verl_deploy.sizes import GiB
 
-MAX_DOUBLINGS = 5
+MAX_PER_NODE = 8  # GPUs a node offers (more are offered as nodes)
+MAX_NODES = 16  # beyond 128 GPUs: a larger GPU or a smaller model
 DEFAULT_TOKENS = 16384  # verl's and our actor.ppo_max_token_len_per_gpu (the critic's: twice it)
 
 
@@ -29,6 +44,7 @@ class Change:
     workload: Workload
     why: str = ""
     flags: str = ""  # command-line flags (more GPUs)
+    together: bool = False  # settings stacked because none fits alone
 
     def text(self) -> str:
         parts = [f"{key}={_value(value)}" for key, value in self.settings] + ([self.flags] if self.flags else [])
@@ -42,79 +58,158 @@ def _value(value: object) -> str:
 
 
 Evaluate = Callable[[Workload], "tuple[str, int, str, set[str]]"]  # -> (verdict, peak, peak phase, phases over budget)
-SETTINGS = ("_entropy_chunking", "_checkpointing", "_offload", "_offload_policy", "_sharding", "_vllm_rollout",
-            "_memory_share")
-ORDER = (*SETTINGS, "_rollout_tp", "_more_gpus")
+SETTINGS = ("_entropy_chunking", "_checkpointing", "_sharding", "_offload", "_offload_policy", "_vllm_rollout",
+            "_memory_share", "_rollout_tp")
 ANY_FIT = ("fits", "tight")
 
 
 def suggest(work: Workload, evaluate: Evaluate, over_budget: set[str], gpu_bytes: int, goal: tuple = ANY_FIT,
             settings_only: bool = False) -> list[str]:
-    """One line per change that brings `work` to a verdict in `goal`, cheapest first. When none does alone, the
-    changes are stacked in that order, each stack with the largest micro-batches that then fit, and the first stack
-    that fits is one line; when nothing does, one line names the phase that still does not fit with every change
-    applied."""
+    """Lines of changes that bring `work` to a verdict in `goal`, in the module's order: the settings that fit
+    alone on these GPUs (one line each), else their stack; else the fewest GPUs on the node, else the fewest nodes,
+    that fit. When nothing does, one line names the phase that still does not fit with every setting applied."""
     if goal != ANY_FIT:
         judge = evaluate
 
         def evaluate(candidate: Workload):  # a verdict short of the goal counts as not fitting
             verdict, *rest = judge(candidate)
             return (verdict if verdict in goal else "does not fit", *rest)
-    found: list[str] = []
-    names = SETTINGS if settings_only else ORDER
-    makers = [_dynamic_batches, _micro_batches, *(globals()[name] for name in names)]
-    for make in makers:
-        if make is _more_gpus and found:
-            break  # a setting is enough: more GPUs are not offered for a run that fits on these
-        alone = make(work, evaluate, over_budget)
-        if alone is not None:
-            verdict, peak, _, _ = evaluate(alone.workload)
-            if verdict in goal:
-                found.append(_line(alone, verdict, peak, gpu_bytes))
+    found, stack = _fit_on(Change((), work), evaluate, over_budget)
     if found or settings_only:
-        return found
-    stack: Change | None = None
-    for make in makers[2:]:
-        current = stack.workload if stack else work
-        change = make(current, evaluate, evaluate(current)[3])
-        if change is None:
-            continue
-        stack = _combine(stack, change)
-        verdict, peak, _, over = evaluate(stack.workload)
-        if verdict == "does not fit":
-            micro = _micro_batches(stack.workload, evaluate, over)
-            if micro is not None and evaluate(micro.workload)[0] in goal:
-                combined = _combine(stack, micro)
-                verdict, peak, _, _ = evaluate(combined.workload)
-                return ["together: " + _line(combined, verdict, peak, gpu_bytes)]
-        else:
-            return ["together: " + _line(stack, verdict, peak, gpu_bytes)]
-    last = stack.workload if stack else work
-    micro = _micro_batches(last, evaluate, evaluate(last)[3])
+        return [_line(change, evaluate, gpu_bytes) for change in found]
+    counts = _gpu_counts(work)
+    for per_node, nodes in counts:
+        found, stack = _fit_on(_on_gpus(work, per_node, nodes), evaluate, None)
+        if found:
+            return [_line(change, evaluate, gpu_bytes) for change in found]
+    micro = _micro_batches(stack.workload, evaluate, evaluate(stack.workload)[3])
     if micro is not None:
-        stack, last = _combine(stack, micro), micro.workload
-    verdict, peak, phase, _ = evaluate(last)
-    applied = f" with all of them ({stack.text()})" if stack and stack.text() else ""
+        stack = _combine(stack, micro)
+    verdict, peak, phase, _ = evaluate(stack.workload)
+    applied = f" with all of them ({stack.text()})" if stack.text() else ""
+    gpus = f", up to {counts[-1][0] * counts[-1][1]} GPUs" if counts else ""
     return [f"no change tried here makes it fit (micro-batches, checkpointing, offload, sharding, the rollout engine "
-            f"and its share, more GPUs):{applied} the {phase} phase still needs {peak / GiB:.1f} of "
+            f"and its share{gpus}):{applied} the {phase} phase still needs {peak / GiB:.1f} of "
             f"{gpu_bytes / GiB:.1f} GiB: a larger GPU or a smaller model"]
 
 
-def _combine(stack: Change | None, change: Change) -> Change:
-    if stack is None:
-        return Change(change.settings, change.workload, "", change.flags)
+def _fit_on(start: Change, evaluate: Evaluate, over: set[str] | None) -> tuple[list[Change], Change]:
+    """On start's GPUs: ([start] when more GPUs alone fit; else every setting that fits alone, cheapest first; else
+    one stack of settings that fits, with room first (a tight one only when none has room); else []), and the stack
+    with every setting applied (for the line that says nothing fits)."""
+    work = start.workload
+    verdict, _, _, over_now = evaluate(work)
+    if start.flags and _fitting(verdict):
+        return [start], start
+    alone = []
+    for make in (_dynamic_batches, _micro_batches, *_settings()):
+        change = make(work, evaluate, over_now if over is None else over)
+        if change is not None and _fitting(evaluate(change.workload)[0]):
+            combined = _combine(start, change)
+            alone.append(Change(combined.settings, combined.workload, change.why, combined.flags))
+    if alone:
+        return alone, start
+    for judge in (_with_room(evaluate), evaluate):
+        fitted, stack = _stack(start, _settings(), judge)
+        if fitted is not None:
+            return [_pruned(start, *fitted, judge)], stack
+    return [], stack
+
+
+def _with_room(evaluate: Evaluate) -> Evaluate:
+    """evaluate, with "tight" counted as not fitting."""
+    def judge(work: Workload):
+        verdict, *rest = evaluate(work)
+        return (verdict if verdict == "fits" else "does not fit", *rest)
+    return judge
+
+
+def _pruned(start: Change, stack: Change, used: list, evaluate: Evaluate) -> Change:
+    """The stack without the settings it does not need (tried the dearest first; the last one it needs: without it,
+    the stack did not fit)."""
+    for make in reversed(used[:-1]):
+        if make not in used:
+            continue
+        again, _ = _stack(start, [m for m in used if m is not make], evaluate)
+        if again is not None:
+            stack, used = again
+    return Change(stack.settings, stack.workload, "", stack.flags, together=True)
+
+
+def _settings():
+    return [globals()[name] for name in SETTINGS]
+
+
+def _stack(start: Change, makers: list, evaluate: Evaluate) -> tuple[tuple[Change, list] | None, Change]:
+    """The makers' changes applied one after another, each to the workload the ones before it left, until the
+    plan fits with the token budget or the largest micro-batches that then fit: ((that stack, the makers it used)
+    or None, the stack with every change applied). Each maker sizes its change (a memory share, a tensor-parallel
+    size) as if the micro-batches were as small as they go: the micro-batches are chosen last, to what is left."""
+    def lean(work: Workload):
+        return evaluate(_smallest_batches(work))
+
+    stack, used = start, []
+    for make in makers:
+        change = make(stack.workload, lean, evaluate(stack.workload)[3])
+        if change is None:
+            continue
+        stack, used = _combine(stack, change), [*used, make]
+        verdict, _, _, over = evaluate(stack.workload)
+        if _fitting(verdict):
+            return (stack, used), stack
+        for smaller in (_dynamic_batches, _micro_batches):
+            batches = smaller(stack.workload, evaluate, over)
+            if batches is not None and _fitting(evaluate(batches.workload)[0]):
+                return (_combine(stack, batches), used), stack
+    return None, stack
+
+
+def _fitting(verdict: str) -> bool:
+    return verdict != "does not fit"
+
+
+def _gpu_counts(work: Workload) -> list[tuple[int, int]]:
+    """(GPUs per node, nodes) past the run's, fewest GPUs first: 2, 4, 8 on the node, then more nodes of 8 (up to
+    MAX_NODES); only counts the batch and the mini-batch split over evenly, never more GPUs than the mini-batch has
+    sequences, and for verl multiples of its rollout tensor-parallel size."""
+    if work.device != "cuda":
+        return []
+    per_node, nodes = work.gpus_per_node, work.nodes
+    counts = [(p, nodes) for p in (2, 4, MAX_PER_NODE) if p > per_node]
+    full = max(per_node, MAX_PER_NODE)
+    counts += [(full, n) for n in range(nodes + 1, MAX_NODES + 1)]
+    mini, batch = work.mini_batch_prompts * work.n * work.sp, work.batch_prompts * work.n * work.sp
+    even = []
+    for p, n in counts:
+        world = p * n
+        if world > mini:
+            break  # the extra GPUs would idle
+        if mini % world or batch % world or world % work.rollout_tp:
+            continue
+        even.append((p, n))
+    return even
+
+
+def _on_gpus(work: Workload, per_node: int, nodes: int) -> Change:
+    """The run on per_node x nodes GPUs, as it is otherwise (our runtime's strategy stays; sharding is a setting)."""
+    flags = f"--gpus {per_node}" + (f" --nodes {nodes}" if nodes > 1 else "")
+    return Change((), work.with_(world=per_node * nodes, gpus_per_node=per_node, nodes=nodes), "", flags)
+
+
+def _line(change: Change, evaluate: Evaluate, gpu_bytes: int) -> str:
+    verdict, peak, _, _ = evaluate(change.workload)
+    why = f" ({change.why})" if change.why else ""
+    together = "together: " if change.together else ""
+    return f"{together}{change.text()}{why}: peak {peak / GiB:.1f} of {gpu_bytes / GiB:.1f} GiB, {verdict}"
+
+
+def _combine(stack: Change, change: Change) -> Change:
     settings = dict([*stack.settings, *change.settings])
     return Change(tuple(settings.items()), change.workload, "", change.flags or stack.flags)
 
 
-def _line(change: Change, verdict: str, peak: int, gpu_bytes: int) -> str:
-    what = change.text()
-    why = f" ({change.why})" if change.why else ""
-    return f"{what}{why}: peak {peak / GiB:.1f} of {gpu_bytes / GiB:.1f} GiB, {verdict}"
-
-
 def _fits(evaluate: Evaluate, work: Workload) -> bool:
-    return evaluate(work)[0] != "does not fit"
+    return _fitting(evaluate(work)[0])
 
 
 def _dynamic_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
@@ -165,8 +260,12 @@ def _entropy_chunking(work: Workload, evaluate: Evaluate, over: set[str]) -> Cha
     return Change(tuple(settings), work.with_(**changes)) if settings else None
 
 
-def _micro_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
-    """Halve the micro-batches (or verl's token budgets) of the phases over budget until it fits or they are 1."""
+BATCHED = ("actor update", "old log-probs", "reference log-probs", "critic update", "critic values")
+
+
+def _micro_batches(work: Workload, evaluate: Evaluate, over: set[str], smallest: bool = False) -> Change | None:
+    """Halve the micro-batches (or the token budgets) of the phases over budget until it fits or they are one
+    sequence (a budget never below the longest sequence: verl and our runtime refuse that); `smallest`: at once."""
     knobs = []
     if "actor update" in over:
         knobs.append(("micro_update", work.micro_update or work.mini_rows_per_gpu, "dynamic_tokens_update"))
@@ -178,13 +277,15 @@ def _micro_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Change
         knobs.append(("micro_critic", work.micro_critic or work.mini_rows_per_gpu, "dynamic_tokens_critic"))
     if not knobs:
         return None
+    longest = work.max_prompt_length + work.max_response_length
     best = None
-    for factor in (2, 4, 8, 16, 32, 64, 128, 256):
-        changes, settings = {}, []
+    for factor in (256,) if smallest else (2, 4, 8, 16, 32, 64, 128, 256):
+        changes, settings, at_floor = {}, [], True
         for name, current, budget_name in knobs:
             budget = getattr(work, budget_name)
             if budget is not None:
-                value = max(budget // factor, 256)
+                value = max(budget // factor, min(budget, longest))
+                at_floor &= value == min(budget, longest)
                 changes[budget_name] = value
                 settings.append((work.keys.get(budget_name, budget_name), value))
                 if work.runtime == OURS and budget_name == "dynamic_tokens_critic" \
@@ -194,6 +295,7 @@ def _micro_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Change
                 value = max(current // factor, 1)
                 if work.runtime == OURS:
                     value = _divisor_at_most(work.mini_batch_prompts * work.n, value)
+                at_floor &= value == 1
                 changes[name] = value
                 key = work.keys.get(name, name)
                 # verl's deprecated global keys (the run's own) count sequences over all GPUs / sp
@@ -203,9 +305,15 @@ def _micro_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Change
                     changes["micro_values"] = value
         candidate = work.with_(**changes)
         best = Change(tuple(settings), candidate)
-        if _fits(evaluate, candidate) or all(v in (1, 256) for v in changes.values()):
+        if smallest or at_floor or _fits(evaluate, candidate):
             return best
     return best
+
+
+def _smallest_batches(work: Workload) -> Workload:
+    """work with every micro-batch at one sequence (every token budget at the longest sequence)."""
+    change = _micro_batches(work, None, set(BATCHED), smallest=True)
+    return change.workload if change else work
 
 
 def _divisor_at_most(total: int, value: int) -> int:
@@ -284,6 +392,8 @@ def _vllm_rollout(work: Workload, evaluate: Evaluate, over: set[str]) -> Change 
 
 
 def _rollout_tp(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
+    """verl's rollout tensor parallelism within the node, doubled until it fits, each size with the memory share
+    that then fits where the share it has does not (the share a model's slice needs depends on the size)."""
     if work.runtime == OURS or work.rollout != "vllm":
         return None
     tp = work.rollout_tp
@@ -293,6 +403,9 @@ def _rollout_tp(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | 
         best = Change(((work.keys["rollout_tp"], tp),), work.with_(rollout_tp=tp))
         if _fits(evaluate, best.workload):
             return best
+        share = _memory_share(best.workload, evaluate, over)
+        if share is not None:
+            return _combine(best, share)
     return best
 
 
@@ -309,32 +422,6 @@ def _memory_share(work: Workload, evaluate: Evaluate, over: set[str]) -> Change 
         candidate = work.with_(gpu_memory_utilization=share)
         if _fits(evaluate, candidate):
             return Change(((work.keys["gpu_memory_utilization"], share),), candidate)
-    return None
-
-
-def _more_gpus(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
-    if work.device != "cuda" or (work.runtime == OURS and not (work.actor_sharded or work.world == 1)):
-        return None
-    per_node, nodes = work.gpus_per_node, work.nodes
-    for _ in range(MAX_DOUBLINGS):
-        if per_node < 8:
-            per_node *= 2
-        else:
-            nodes *= 2
-        world = per_node * nodes
-        changes = {"world": world, "gpus_per_node": per_node, "nodes": nodes}
-        if work.runtime == OURS and world > 1:
-            changes["actor_sharded"] = True
-            changes["critic_sharded"] = work.use_critic
-        candidate = work.with_(**changes)
-        if world > work.mini_batch_prompts * work.n * work.sp:
-            return None  # more GPUs than the mini-batch has sequences: the extra ones would idle
-        if (work.mini_batch_prompts * work.n * work.sp) % world:
-            continue  # the mini-batch must split evenly over the GPUs
-        flags = f"--gpus {per_node}" + (f" --nodes {nodes}" if nodes > 1 else "")
-        settings = ((work.keys["actor_sharded"], "fsdp"),) if work.runtime == OURS and not work.actor_sharded else ()
-        if _fits(evaluate, candidate):
-            return Change(settings, candidate, "", flags)
     return None
 
 
