@@ -30,9 +30,15 @@ LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 def lean_path_applies(model, device: torch.device, total_length: int) -> bool:
     """Whether this module computes exactly what the model's forward does, for sequences of total_length."""
-    config = model.config
     if device.type != "cpu" or torch.is_autocast_enabled(device.type):
         return False
+    return lean_maths_apply(model, total_length)
+
+
+def lean_maths_apply(model, total_length: int) -> bool:
+    """Whether the model is one block structure this module (and rollout.graph_decoder) writes out, for sequences of
+    total_length: on any device, in any dtype."""
+    config = model.config
     if hasattr(model, "peft_config"):
         return False  # LoRA adapters add their B @ A x in their modules' own forward
     if config.model_type not in ARCHITECTURES or config.hidden_act != "silu":
