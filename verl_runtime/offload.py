@@ -118,10 +118,18 @@ def phase(name: str):
 ROLLOUT, FORWARD, TRAIN, STATE = "rollout", "forward", "train", "state"  # the phases a worker names
 
 
+def transfer(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The one copy between device and host memory that every move makes (non-blocking: PyTorch stages a device to
+    host copy in pinned memory). On a CPU-only machine it returns the tensor itself; the CPU tests stand in a copying
+    one, so that a part left behind after a move shows (tests/test_offload_tracking.py)."""
+    return tensor.to(device, non_blocking=True)
+
+
 @torch.no_grad()
 def _move_model(model: nn.Module, device: torch.device) -> None:
-    # Module.to moves each parameter's .grad with it, and keeps the Parameter objects the optimizer holds
-    model.to(device, non_blocking=True)
+    # What Module.to does, with every tensor through transfer(): each parameter's .grad moves with it, buffers too,
+    # and the Parameter objects the optimizer holds stay the same objects
+    model._apply(lambda tensor: transfer(tensor, device))
 
 
 @torch.no_grad()
@@ -136,7 +144,18 @@ def _move_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> N
                 if not isinstance(value, torch.Tensor):
                     continue
                 if device.type == "cpu" or value.dim() > 0 or steps_on_device:
-                    state[key] = value.to(device, non_blocking=True)
+                    state[key] = transfer(value, device)
+
+
+def to_host(tree):
+    """A (nested) state dict with every tensor in host memory (what stays on the device is dropped with it)."""
+    if isinstance(tree, torch.Tensor):
+        return transfer(tree, torch.device("cpu")) if tree.device.type != "cpu" else tree
+    if isinstance(tree, dict):
+        return {key: to_host(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_host(value) for value in tree)
+    return tree
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -52,16 +52,28 @@ class ActorWorker:
         self.optimizer = optim.build_optimizer(self.model, config.actor, sharded=parallel.is_sharded(self.model))
         self.rollout = self._make_rollout(config, tokenizer, device) if parallel.rank() == 0 else None
         self.offload = offload.Offload.for_role(config.actor, device, sharded)
-        self.offload.release({"model": self.model, "rollout_model": self.rollout_model}, self.optimizer)
+        self.offload.release({"model": self.model, "rollout_model": self.rollout_model, **self._engine_parts()},
+                             self.optimizer)
 
     def offload_parts(self, phase: str) -> tuple[dict, torch.optim.Optimizer | None]:
         """What each phase needs on the device (offload.phase): a rollout the weights it samples from (none for
-        vLLM, which holds its own copy), a forward the model, an update and a checkpoint the model and optimizer."""
+        vLLM, which holds its own copy), a forward the model, an update the model and optimizer, a checkpoint
+        nothing (unsharded, the offloaded state is whole in host memory) or its shards (FSDP gathers them)."""
         if phase == offload.ROLLOUT:
-            return ({} if self.config.rollout.name == "vllm" else {self._rollout_part(): self._rollout_weights()}), None
+            if self.config.rollout.name == "vllm":
+                return {}, None
+            return (self._engine_parts() or {self._rollout_part(): self._rollout_weights()}), None
         if phase == offload.FORWARD:
             return {"model": self.model}, None
+        if phase == offload.STATE and not parallel.is_sharded(self.model):
+            return {}, None  # the state in host memory is whole: a checkpoint reads it there
         return {"model": self.model}, self.optimizer
+
+    def _engine_parts(self) -> dict:
+        """The rollout engine's own copy of the weights (the builtin engine's graph path), if it has one: then a
+        rollout needs only it on the device, not the trained model."""
+        parts = getattr(self.rollout, "offload_parts", None)
+        return parts() if parts else {}
 
     def _rollout_part(self) -> str:
         return "model" if self.rollout_model is None else "rollout_model"
@@ -75,7 +87,7 @@ class ActorWorker:
     def _make_rollout(self, config: Config, tokenizer, device: torch.device):
         options = {}
         if config.rollout.name == "builtin":
-            options = {"compile": config.rollout.compile}
+            options = {"compile": config.rollout.compile, "dtype": resolve_dtype(config.model.dtype, device)}
         if config.rollout.name == "vllm":
             options = {
                 "gpu_memory_utilization": config.rollout.gpu_memory_utilization,
@@ -96,6 +108,8 @@ class ActorWorker:
         oom.note_rollout(len(prompt_ids) * params.n, max(map(len, prompt_ids), default=0) + params.max_new_tokens)
         with self.mixed_precision():
             rollout = self.rollout.generate(prompt_ids, params)
+        if self.offload.params and hasattr(self.rollout, "release_caches"):
+            self.rollout.release_caches()  # its KV cache and graphs leave the device with the weights
         batch = {key: getattr(rollout, key) for key in ROLLOUT_KEYS}
         if rollout.rollout_log_probs is not None:  # the sampler's own log-probs, for rollout/logprob_diff
             batch["rollout_log_probs"] = rollout.rollout_log_probs
@@ -255,6 +269,8 @@ class ActorWorker:
         state = parallel.full_state(self.model, self.optimizer)
         if lora.is_lora(self.model):
             state["lora"] = lora.lora_state(self.model)  # how to merge or export the adapters without peft
+        if self.offload.active:  # no device copy of it outlives the phase
+            state = offload.to_host(state)
         return state if parallel.rank() == 0 else None
 
     @register(ALL)

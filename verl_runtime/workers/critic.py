@@ -34,7 +34,10 @@ class CriticWorker:
         self.offload.release({"model": self.model}, self.optimizer)
 
     def offload_parts(self, phase: str) -> tuple[dict, torch.optim.Optimizer | None]:
-        """A forward needs the model on the device, an update and a checkpoint the model and optimizer."""
+        """A forward needs the model on the device, an update the model and optimizer, a checkpoint nothing unsharded
+        (the offloaded state is whole in host memory) or its shards (FSDP gathers them)."""
+        if phase == offload.STATE and not parallel.is_sharded(self.model):
+            return {}, None
         return {"model": self.model}, (None if phase == offload.FORWARD else self.optimizer)
 
     def _values(self, batch: dict) -> torch.Tensor:
@@ -105,6 +108,8 @@ class CriticWorker:
     def state_dict(self) -> dict | None:
         """The whole model and optimizer state (rank 0 returns it; every rank takes part under FSDP)."""
         state = parallel.full_state(self.model, self.optimizer)
+        if self.offload.active:  # no device copy of it outlives the phase
+            state = offload.to_host(state)
         return state if parallel.rank() == 0 else None
 
     @register(ALL)
