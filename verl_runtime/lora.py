@@ -98,17 +98,22 @@ def _plain(value):
     return sorted(value) if isinstance(value, (set, frozenset)) else getattr(value, "value", str(value))
 
 
-def rollout_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The weights to sample with under the base model's names: model.state_dict(), with adapters merged in."""
+def rollout_weights(model: nn.Module):
+    """The weights to sample with under the base model's names, one (name, tensor) at a time: model.state_dict(),
+    with adapters merged in as each is reached (so that one merged matrix at a time exists beside the model)."""
     state = model.state_dict()
-    return merged_weights(state, lora_state(model)) if is_lora(model) else state
+    return iter_merged_weights(state, lora_state(model)) if is_lora(model) else iter(state.items())
 
 
-@torch.no_grad()
 def merged_weights(state: dict[str, torch.Tensor], lora: dict) -> dict[str, torch.Tensor]:
     """A PeftModel's state_dict as the base model's, each adapted weight W + scaling * B @ A (peft's merge, computed
     per module in W's dtype; verl's merged sync). Tied weights stay one tensor."""
-    merged: dict[str, torch.Tensor] = {}
+    return dict(iter_merged_weights(state, lora))
+
+
+@torch.no_grad()
+def iter_merged_weights(state: dict[str, torch.Tensor], lora: dict):
+    """merged_weights, one (name, tensor) at a time."""
     for key, tensor in state.items():
         if ".lora_" in key:
             continue
@@ -118,8 +123,7 @@ def merged_weights(state: dict[str, torch.Tensor], lora: dict) -> dict[str, torc
             a, b = state[f"{module}.lora_A.{ADAPTER}.weight"], state[f"{module}.lora_B.{ADAPTER}.weight"]
             delta = (b.float() @ a.float()) * scaling
             tensor = (tensor.float() + (delta.T if transpose else delta)).to(tensor.dtype)
-        merged[_base_name(key)] = tensor
-    return merged
+        yield _base_name(key), tensor
 
 
 def adapter_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -120,8 +120,9 @@ class VLLMRolloutEngine:
     def sync_weights(self, model) -> None:
         """Copy the actor's current parameters into vLLM's model, in memory, and drop KV computed with the old ones."""
         self._wake("weights")  # the KV cache stays asleep until generate(): less peak memory beside the trainer
-        # LoRA: the merged weights under the base model's names (lora.rollout_weights); else the state_dict itself
-        weights = [(name, tensor.detach()) for name, tensor in rollout_weights(model).items()]
+        # LoRA: the merged weights under the base model's names (lora.rollout_weights), made one at a time as vLLM
+        # takes them (in this process); else the state_dict itself
+        weights = ((name, tensor.detach()) for name, tensor in rollout_weights(model))
         self.llm.collective_rpc(lambda worker: worker.model_runner.reload_weights(weights_iterator=iter(weights)))
         self.llm.reset_prefix_cache()
 

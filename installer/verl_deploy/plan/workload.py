@@ -6,6 +6,7 @@ b178a3cd56f58b2d502255daba591e92833930a7 of volcengine/verl)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ class Workload:
     max_num_seqs: int = 256
     # distinct prompts in a micro-batch (the lean CPU path computes each once); None: every group's prompt differs
     distinct_prompts: int | None = None
+    rollout_graphs: bool = False  # ours, builtin on the CPU: its GPU path (static_cache; bench/plan_accuracy.py)
     keys: dict = field(default_factory=dict)  # what each knob is called in this runtime's config
     notes: tuple = ()
 
@@ -132,6 +134,7 @@ def from_ours(config, world: int, nodes: int, device: str) -> Workload:
         raise PlanError("rollout.name=vllm supports rollout.tensor_model_parallel_size=1 in this release")
     if device == "cuda" and world > 1 and config.actor.strategy == "dp":
         notes.append("actor.strategy=dp: every GPU holds the whole model, its gradients and its optimizer")
+    lora = _our_lora(config.model, notes)
     return Workload(
         runtime=OURS, model_path=config.model.path, critic_path=config.critic.model_path if use_critic else None,
         device=device, world=world, gpus_per_node=max(world // max(nodes, 1), 1), nodes=nodes,
@@ -149,8 +152,23 @@ def from_ours(config, world: int, nodes: int, device: str) -> Workload:
         gpu_memory_utilization=config.rollout.gpu_memory_utilization, rollout_tp=config.rollout.tensor_model_parallel_size,
         vllm_sleeps=vllm and config.rollout.enable_sleep_mode and device == "cuda",
         placement_split=config.trainer.placement == "split" and use_critic, keys=dict(OUR_KEYS), notes=tuple(notes),
-        **_our_memory_settings(config), **_our_offload(config),
+        **_our_memory_settings(config), **_our_offload(config), **lora,
     )
+
+
+def _our_lora(model, notes: list[str]) -> dict[str, Any]:
+    """LoRA as verl_runtime/lora.py wraps the actor: model.lora_rank, or the rank an adapter directory records."""
+    rank = model.lora_rank
+    if not rank and model.lora_adapter_path:
+        adapter = Path(model.lora_adapter_path).expanduser() / "adapter_config.json"
+        try:
+            rank = int(json.loads(adapter.read_text())["r"])
+        except (OSError, ValueError, KeyError, TypeError):
+            rank = 64
+            notes.append(f"model.lora_adapter_path: its rank is not readable here ({adapter}): planned as rank 64")
+    exclude = model.exclude_modules or ()
+    return {"lora_rank": rank, "lora_targets": model.target_modules,
+            "lora_exclude": tuple([exclude] if isinstance(exclude, str) else exclude)}
 
 
 def _our_offload(config) -> dict[str, bool]:
