@@ -198,7 +198,7 @@ class Pool:
 
     def gather(self, refs: list, what: str) -> list:
         """The results of one call per rank, in rank order. The first failure ends the pool (the other ranks may be
-        waiting for the failed one inside a collective) and is raised: a dead worker as one line naming it."""
+        waiting for the failed one inside a collective) and the failure that says most is raised (see fail)."""
         import ray
         from ray.exceptions import GetTimeoutError
 
@@ -211,27 +211,24 @@ class Pool:
                 pass  # a rank failed: found below
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in ready:
-                self._raise_if_failed(ref, refs.index(ref), what)
+                if (error := outcome(ref)) is not None:
+                    self.fail(refs, (refs.index(ref), error), what)
 
-    def _raise_if_failed(self, ref, rank: int, what: str) -> None:
+    def fail(self, refs: list, first: tuple[int, BaseException], what: str) -> None:
+        """Stop the pool after a rank's failure (`first`: its rank and error), take every rank's result, and raise the
+        failure that says most (most_telling).
+
+        Every result is taken because a result that holds an error and is never taken is one that Ray reports by
+        itself when its reference goes: "Unhandled error (...)" and the worker's raw traceback on the controller's
+        stderr, after the run's own line. Ranks that fail one after another leave such a result: on a loaded machine
+        the second rank's out-of-memory error arrives after the first one was raised and before the stop reaches
+        that rank, and the console's last line was torch's raw error instead of the run's."""
         import ray
-        from ray.exceptions import RayActorError, RayTaskError
 
-        try:
-            ray.get(ref)
-        except RayActorError as exc:
-            self.close()
-            reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), "no reason given")
-            raise TrainingError(
-                f"the {'/'.join(self.roles)} worker of rank {rank} died during {what} ({reason[:160]})"
-            ) from None
-        except RayTaskError as exc:
-            self.close()
-            # A user's error (a reward function's, a model's, the config's) arrives as its one line, not Ray's trace;
-            # running out of memory as the error itself, which the controller words (oom.translated).
-            if isinstance(exc.cause, UserError) or oom.out_of_memory_kind(exc.cause):
-                raise exc.cause from None
-            raise
+        self.close()  # ranks waiting for the failed one inside a collective end only so
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=SETTLE_S)  # stopped ranks' results: at once, as a rule
+        errors = {refs.index(ref): error for ref in ready if (error := outcome(ref)) is not None}
+        raise_failure(self.roles, *most_telling(first, errors), what)
 
     def close(self) -> None:
         import ray
@@ -241,6 +238,60 @@ class Pool:
         if self.actors:
             ray.util.remove_placement_group(self.placement)
         self.actors = []
+
+
+SETTLE_S = 10.0  # how long a failed pool's stopped ranks are given to report their results
+
+
+def outcome(ref) -> BaseException | None:
+    """The error the result of a finished call (ray.wait found it ready) holds, taking it: Ray then reports it no more
+    by itself; None for a result."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    try:
+        ray.get(ref, timeout=SETTLE_S)
+    except GetTimeoutError:
+        return None
+    except Exception as exc:
+        return exc
+    return None
+
+
+def cause_of(error: BaseException) -> BaseException:
+    """What a worker raised (a RayTaskError carries it as its cause), else the error itself (a dead worker)."""
+    from ray.exceptions import RayTaskError
+
+    return error.cause if isinstance(error, RayTaskError) and error.cause is not None else error
+
+
+def most_telling(first: tuple[int, BaseException], errors: dict[int, BaseException]) -> tuple[int, BaseException]:
+    """The failure to raise of a pool's ranks: running out of memory (any rank's: a peer's broken collective or a
+    stop only follows it), else a user's error (one line), else the first failure; the first one wins a tie."""
+    candidates = [first, *errors.items()]
+    for telling in (lambda error: oom.out_of_memory_kind(error) is not None,
+                    lambda error: isinstance(error, UserError)):
+        found = next(((rank, error) for rank, error in candidates if telling(cause_of(error))), None)
+        if found is not None:
+            return found
+    return first
+
+
+def raise_failure(roles: list[str], rank: int, error: BaseException, what: str) -> None:
+    """A rank's failure, raised: a dead worker as one line naming it; a user's error (a reward function's, a model's,
+    the config's) as its one line, not Ray's trace; running out of memory as the worker's error itself, which the
+    controller words (oom.translated); anything else as Ray raised it."""
+    from ray.exceptions import RayActorError
+
+    if isinstance(error, RayActorError):
+        reason = next((line.strip() for line in str(error).splitlines() if line.strip()), "no reason given")
+        raise TrainingError(
+            f"the {'/'.join(roles)} worker of rank {rank} died during {what} ({reason[:160]})"
+        ) from None
+    cause = cause_of(error)
+    if isinstance(cause, UserError) or oom.out_of_memory_kind(cause):
+        raise cause from None
+    raise error
 
 
 class RayWorkerGroup(BaseWorkerGroup):
