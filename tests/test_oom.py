@@ -217,15 +217,38 @@ def test_ranks_that_run_out_of_memory_one_after_another_leave_no_raw_line(tmp_pa
         group.run("update", [(), ()], {})
     # the first rank to fail is named (rank 0, 40 tokens, as a rule; the load may have slowed it more than rank 1)
     assert re.fullmatch(
-        r"out of memory in the actor update of step 2 \(micro-batch 16 x 4[01] tokens; the plan gave 71\.0 GiB of 80\.0 "
-        r"GiB for it\): set actor\.ppo_micro_batch_size_per_gpu=8 \(or actor\.use_dynamic_bsz=true\); no checkpoint "
-        r"was written yet: verl-deploy run --resume run --set actor\.ppo_micro_batch_size_per_gpu=8 starts it again",
+        r"out of memory in the actor update of step 2 \(micro-batch 16 x 4[01] tokens; the plan gave 71\.0 GiB of "
+        r"80\.0 GiB for it\): set actor\.ppo_micro_batch_size_per_gpu=8 \(or actor\.use_dynamic_bsz=true\); no "
+        r"checkpoint was written yet: verl-deploy run --resume run --set actor\.ppo_micro_batch_size_per_gpu=8 starts "
+        r"it again",
         str(caught.value)), caught.value
     del caught  # the calls' references go with the error's traceback: Ray reports then a failure never taken
     gc.collect()
     time.sleep(1)
     assert reported == [], [str(error).splitlines()[-1] for error in reported]
     assert not pool.actors  # stopped
+
+
+def test_of_the_ranks_failures_running_out_of_memory_is_raised():
+    """The pool raises the failure that says most: running out of memory, whichever rank came first (a peer's
+    collective broken by it, or the stop, only follows it), then a user's error, then the first failure."""
+    try:
+        from ray.exceptions import ActorDiedError, RayTaskError
+    except ImportError:
+        ActorDiedError = None
+    require(ActorDiedError is not None, "ray is not installed (pip install verl-deploy[runtime])")
+    from verl_runtime.controller.ray_backend import most_telling
+    from verl_runtime.errors import RewardFunctionError
+
+    def failed(cause):
+        return RayTaskError("call", f"Traceback (most recent call last):\n{type(cause).__name__}: {cause}", cause)
+
+    broken = failed(RuntimeError("[gloo] Connection closed by peer"))
+    out_of_memory, user = failed(torch.OutOfMemoryError(CUDA_OOM)), failed(RewardFunctionError("x"))
+    stopped = ActorDiedError()
+    assert most_telling((0, broken), {0: broken, 1: out_of_memory, 2: stopped}) == (1, out_of_memory)
+    assert most_telling((0, broken), {0: broken, 1: user, 2: stopped}) == (1, user)
+    assert most_telling((2, stopped), {0: broken, 2: stopped}) == (2, stopped)
 
 
 def test_the_mean_response_length_past_the_plan_warns_once(tmp_path, monkeypatch, capsys):
