@@ -1,5 +1,6 @@
 """The model directory of a preset. Both trainers load this one directory, so they start from the same weights."""
 
+import os
 from pathlib import Path
 
 from _workload import Workload
@@ -19,16 +20,24 @@ QWEN25_05B = dict(
 
 
 def model_dir(w: Workload, tmp: Path) -> str:
+    """The preset's model: builtin:tiny, or the Qwen2.5-0.5B shape written once per seed into $VERL_BENCH_MODELS when
+    that is set (bench/gpu_check.py shares one between its checks), else into tmp."""
     from verl_runtime.models import resolve_model_path
 
     tiny = resolve_model_path("builtin:tiny")
-    return tiny if w.preset == "cpu" else _write_qwen25_shape(tiny, tmp / "qwen2.5-0.5b-shape", w.seed)
+    shared = os.environ.get("VERL_BENCH_MODELS")
+    folder = Path(shared) / f"qwen2.5-0.5b-shape-seed{w.seed}" if shared else tmp / "qwen2.5-0.5b-shape"
+    return tiny if w.preset == "cpu" else _write_qwen25_shape(tiny, folder, w.seed)
 
 
 def _write_qwen25_shape(tokenizer_dir: str, out: Path, seed: int) -> str:
-    """Random Qwen2.5-0.5B-shape weights with the built-in tokenizer (its ids all lie inside the large vocab)."""
+    """Random Qwen2.5-0.5B-shape weights with the built-in tokenizer (its ids all lie inside the large vocab); a
+    folder already written is reused."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    if (out / "config.json").is_file() and any(out.glob("*.safetensors")):
+        return str(out)
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     cfg = Qwen2Config(**QWEN25_05B, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)

@@ -24,6 +24,7 @@ memory): the saving itself is measured on a GPU (bench/gpu_check.py --only offlo
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -78,12 +79,15 @@ CASES = {
     # the measured one must be none too); the gradients, freed outside the update, are the one saving here. The GPU
     # saving is measured by bench/gpu_check.py (its offload probe).
     "offload": {"model": "bench", "base": "fp32", "set": [*FP32, *OFFLOAD]},
+    # LoRA (rank 8, every linear): the frozen fp32 base, adapter-only gradients and AdamW state, the reference as
+    # the actor without its adapters; peft's forward (no lean path)
+    "lora": {"model": "bench", "set": [*FP32, "model.lora_rank=8", "model.lora_alpha=16"]},
     "ppo-critic": {"model": "bench", "set": ["algorithm.adv_estimator=gae", "rollout.n=1", "data.batch_size=16",
                                             "data.max_response_length=48", "actor.ppo_micro_batch_size_per_gpu=8",
                                             "critic.ppo_micro_batch_size_per_gpu=8", "model.dtype=bfloat16"]},
 }
-# On a GPU (bench/gpu_check.py's plan check): the Qwen2.5-0.5B shape in bf16 (autocast over fp32 masters), the hf
-# engine, the phases of GRPO (reference, old log-probs), with and without checkpointing, and PPO's critic.
+# On a GPU (bench/gpu_check.py's plan check): the Qwen2.5-0.5B shape in bf16 (autocast over fp32 masters), the hf and
+# the builtin engine, the phases of GRPO (reference, old log-probs), with and without checkpointing, and PPO's critic.
 GPU_COMMON = ["data.train_files=toy:letter", "trainer.device=cuda", "trainer.val_before_train=false",
               "trainer.resume=disable", "data.max_prompt_length=64", "rollout.name=hf", "model.dtype=auto"]
 GPU_CASES = {
@@ -92,6 +96,11 @@ GPU_CASES = {
                                                       "actor.ppo_epochs=2", "actor.ppo_micro_batch_size_per_gpu=32",
                                                       "rollout.log_prob_micro_batch_size_per_gpu=32",
                                                       "ref.log_prob_micro_batch_size_per_gpu=32"]},
+    # the builtin engine's GPU path: its own bf16 copy, a static KV cache, the decode step captured as a CUDA graph
+    "gpu-grpo-builtin": {"model": "qwen2.5-0.5b-shape",
+                         "set": ["algorithm.adv_estimator=grpo", "rollout.n=8", "data.batch_size=16",
+                                 "data.max_response_length=256", "actor.ppo_micro_batch_size_per_gpu=32",
+                                 "rollout.name=builtin"]},
     "gpu-grpo-checkpointing": {"model": "qwen2.5-0.5b-shape",
                                "set": ["algorithm.adv_estimator=grpo", "rollout.n=8", "data.batch_size=16",
                                        "data.max_response_length=256", "model.gradient_checkpointing=true",
@@ -111,38 +120,161 @@ PHASES = {"generate": "rollout", "compute_ref_log_prob": "reference log-probs", 
 TRANSIENT = ("weight copies", "activations", "logits")
 
 
-def measure(fn, device: str = "cpu") -> tuple[object, int]:
-    """fn()'s result and the peak of the bytes it allocated beyond what existed before: on a GPU,
-    torch.cuda.max_memory_allocated() after reset_peak_memory_stats(), less what was allocated before; on the CPU,
-    torch.profiler's memory events of the CPU allocator, replayed in order."""
+class CpuMeter:
+    """Memory on the CPU: torch.profiler's memory events of c10's CPU allocator for a call's peak beyond what existed
+    before it (the same accounting torch.cuda.max_memory_allocated keeps on a GPU), and a census of the live tensors
+    for what exists at a moment (every tensor Python can reach, each storage once: between and at the start of the
+    workers' calls that is all of them, nothing being held by autograd there)."""
+
+    gpu = False
+
+    def settle(self) -> None:
+        gc.collect()  # workers, engines and closures in reference cycles go now, not at the collector's next pass
+
+    def allocated(self) -> int:
+        self.settle()
+        return live_tensor_bytes()
+
+    def measure(self, fn) -> tuple[object, int]:
+        """fn()'s result and the peak of the bytes it allocated beyond what existed before it."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            result = fn()
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            trace = Path(f.name)
+        try:
+            prof.export_chrome_trace(str(trace))
+            events = [e for e in json.loads(trace.read_text())["traceEvents"]
+                      if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0]
+        finally:
+            trace.unlink(missing_ok=True)
+        events.sort(key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)))
+        live = peak = 0
+        for event in events:
+            live += event["args"]["Bytes"]
+            peak = max(peak, live)
+        del torch
+        return result, peak
+
+    def step_peak(self, fn) -> None:
+        """The whole step's peak as the allocator saw it: on the CPU there is no such counter (run_case composes it
+        from the phases instead), so no third step runs."""
+        return None
+
+    def device_properties(self) -> dict:
+        return {}
+
+
+class CudaMeter:
+    """Memory on a GPU, from the CUDA caching allocator's own counters. `cuda` is torch.cuda; the CPU tests hand in a
+    stand-in with the same functions, so that every line of the GPU branch runs in CI (tests/test_gpu_check.py)."""
+
+    gpu = True
+
+    def __init__(self, cuda=None, record: bool = False):
+        import torch
+
+        self.cuda = cuda or torch.cuda
+        self.record, self.breakdowns = record, []
+
+    def settle(self) -> None:
+        gc.collect()
+        self.cuda.synchronize()
+        self.cuda.empty_cache()
+
+    def allocated(self) -> int:
+        self.cuda.synchronize()
+        return self.cuda.memory_allocated()
+
+    def measure(self, fn) -> tuple[object, int]:
+        """fn()'s result and its peak beyond what was allocated before it; with record set, the allocations alive at
+        that peak are kept in self.breakdowns (what the GPU run says about where a phase's memory went)."""
+        self.cuda.synchronize()
+        self.cuda.reset_peak_memory_stats()
+        before = self.cuda.memory_allocated()
+        if self.record:
+            try:
+                self.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=500_000,
+                                                        clear_history=True)
+            except TypeError:  # a torch without clear_history: the window is still the last 500,000 events
+                self.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=500_000)
+        try:
+            result = fn()
+            self.cuda.synchronize()
+        finally:
+            if self.record:
+                snapshot = self.cuda.memory._snapshot()
+                self.cuda.memory._record_memory_history(enabled=None)
+                self.breakdowns.append(peak_breakdown(snapshot))
+        return result, self.cuda.max_memory_allocated() - before
+
+    def step_peak(self, fn) -> int:
+        """torch.cuda.max_memory_allocated over fn(): whatever was alive together at the step's highest point."""
+        self.settle()
+        self.cuda.reset_peak_memory_stats()
+        fn()
+        self.cuda.synchronize()
+        return self.cuda.max_memory_allocated()
+
+    def device_properties(self) -> dict:
+        return {"gpu_memory": str(self.cuda.get_device_properties(0).total_memory)}
+
+
+def peak_breakdown(snapshot: dict, top: int = 8) -> list[str]:
+    """From torch.cuda.memory._snapshot() of a recorded window: the allocations made in it and alive at its peak,
+    grouped by the innermost Python frame outside torch, largest first ("123.4 MiB x 24 modeling_qwen2.py:88 forward")."""
+    traces = snapshot.get("device_traces") or [[]]
+    events = [e for e in traces[0] if e.get("action") in ("alloc", "free_completed")]
+    total = peak = peak_at = 0
+    sizes: dict[int, int] = {}
+    for index, event in enumerate(events):  # first pass: where the peak is
+        if event["action"] == "alloc":
+            sizes[event["addr"]] = event["size"]
+            total += event["size"]
+        else:
+            total -= sizes.pop(event["addr"], 0)
+        if total > peak:
+            peak, peak_at = total, index
+    live: dict[int, dict] = {}
+    for event in events[: peak_at + 1]:  # second pass: what is alive there
+        if event["action"] == "alloc":
+            live[event["addr"]] = event
+        else:
+            live.pop(event["addr"], None)
+    groups: dict[str, list[int]] = {}
+    for event in live.values():
+        frames = [f for f in event.get("frames", []) if "/torch/" not in f.get("filename", "")]
+        where = (f"{Path(frames[0]['filename']).name}:{frames[0]['line']} {frames[0]['name']}" if frames
+                 else "(no Python frame)")
+        groups.setdefault(where, []).append(event["size"])
+    ranked = sorted(groups.items(), key=lambda item: -sum(item[1]))[:top]
+    return [f"{sum(sizes) / MiB:.1f} MiB x {len(sizes)} {where}" for where, sizes in ranked]
+
+
+def live_tensor_bytes() -> int:
+    """The bytes of every storage a live tensor uses, each storage once (views share theirs)."""
+    import warnings
+
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        result = fn()
-        torch.cuda.synchronize()
-        return result, torch.cuda.max_memory_allocated() - before
+    storages: dict[int, int] = {}
+    with warnings.catch_warnings():  # isinstance on some of torch's deprecated module attributes warns
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and not obj.is_meta:
+                try:
+                    storage = obj.untyped_storage()
+                except (RuntimeError, NotImplementedError):  # tensor subclasses without a storage of their own
+                    continue
+                storages[storage.data_ptr()] = max(storages.get(storage.data_ptr(), 0), storage.nbytes())
+    return sum(storages.values())
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn()
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        trace = Path(f.name)
-    try:
-        prof.export_chrome_trace(str(trace))
-        events = [e for e in json.loads(trace.read_text())["traceEvents"]
-                  if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0]
-    finally:
-        trace.unlink(missing_ok=True)
-    events.sort(key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)))
-    live = peak = 0
-    for event in events:
-        live += event["args"]["Bytes"]
-        peak = max(peak, live)
-    del torch
-    return result, peak
+
+def measure(fn, device: str = "cpu") -> tuple[object, int]:
+    """fn()'s result and the peak of the bytes it allocated beyond what existed before (see CpuMeter, CudaMeter)."""
+    return (CudaMeter() if device == "cuda" else CpuMeter()).measure(fn)
 
 
 def bench_model(folder: Path) -> str:
@@ -162,13 +294,13 @@ def bench_model(folder: Path) -> str:
 
 
 def gpu_model(folder: Path) -> str:
-    """The Qwen2.5-0.5B shape with random weights and the built-in tokenizer (bench/_models.py)."""
+    """The Qwen2.5-0.5B shape with random weights and the built-in tokenizer (bench/_models.py; the folder
+    $VERL_BENCH_MODELS names, where set, is shared with the other GPU checks)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _models import _write_qwen25_shape
+    from _models import model_dir
+    from _workload import PRESETS
 
-    from verl_runtime.models import resolve_model_path
-
-    return _write_qwen25_shape(resolve_model_path("builtin:tiny"), folder, 0)
+    return model_dir(PRESETS["gpu"], folder.parent)
 
 
 def worst_error(result: dict) -> float:
@@ -178,17 +310,33 @@ def worst_error(result: dict) -> float:
     return max(errors, default=0.0)
 
 
-def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str] = COMMON) -> dict:
-    import torch
-
-    from verl_deploy.plan import plan
-    from verl_runtime.config import load_config, mini_batch_size
-    from verl_runtime.rollout import SamplingParams
-    from verl_runtime.trainer import SingleControllerTrainer, prompt_fields
+def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str] = COMMON, meter=None) -> dict:
+    """One case: measured and planned, per phase and for the whole step. Memory is counted from what was allocated
+    before the trainer was built, and what the case leaves behind after it is gone is reported (left_after_bytes):
+    a case must not weigh on the next one's figures."""
+    from verl_runtime.config import load_config
 
     overrides = [*common, f"model.path={model}", f"trainer.run_dir={workdir / name}", *spec["set"]]
     config_file = ROOT / spec["config"] if "config" in spec else None
     config = load_config(config_file, overrides, warn=False)
+    meter = meter or (CudaMeter() if config.trainer.device == "cuda" else CpuMeter())
+    meter.settle()
+    baseline = meter.allocated()
+    result = _run_case(name, config, config_file, overrides, meter, baseline)
+    meter.settle()
+    result["left_after_bytes"] = meter.allocated() - baseline
+    return result
+
+
+def _run_case(name: str, config, config_file, overrides: list[str], meter, baseline: int) -> dict:
+    import torch
+
+    from verl_deploy.plan import plan
+    from verl_deploy.sizes import parse_gpus
+    from verl_runtime.config import mini_batch_size
+    from verl_runtime.rollout import SamplingParams
+    from verl_runtime.trainer import SingleControllerTrainer, prompt_fields
+
     device = "cuda" if config.trainer.device == "cuda" else "cpu"
     torch.manual_seed(0)
     trainer = SingleControllerTrainer(config)
@@ -196,11 +344,15 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
     sampling = SamplingParams(n=config.rollout.n, temperature=1.0, max_new_tokens=config.data.max_response_length)
     mini = mini_batch_size(config) * config.rollout.n
     peaks: dict[str, int] = {}
+    alive: dict[str, int] = {}  # the peak of what was alive during each call: at its start, plus its own peak
+    breakdowns: dict[str, list[str]] = {}  # a GPU meter's record of what was alive at each call's peak
 
     workers = {"actor": trainer.actor.workers[0], "ref": trainer.ref and trainer.ref.workers[0],
                "critic": trainer.critic and trainer.critic.workers[0]}
     wrapped = {"generate": ("actor", "generate"), "compute_log_prob": ("actor", "compute_log_prob"),
-               "actor.update": ("actor", "update"), "compute_ref_log_prob": ("ref", "compute_ref_log_prob"),
+               "actor.update": ("actor", "update"),
+               # with LoRA the reference is the actor without its adapters (no reference worker)
+               "compute_ref_log_prob": ("ref" if trainer.ref else "actor", "compute_ref_log_prob"),
                "compute_values": ("critic", "compute_values"), "critic.update": ("critic", "update")}
     recording = {"on": False}
     for label, (role, method) in wrapped.items():
@@ -216,10 +368,13 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
                 # The profiler sees no free of a block allocated before it started: drop the gradients here (the
                 # update's own zero_grad would), so the call's peak counts them when they are made again.
                 _worker.optimizer.zero_grad(set_to_none=True)
-            result, peak = measure(lambda: _original(*args, **kwargs), device)
+            at_start = meter.allocated() - baseline
+            result, peak = meter.measure(lambda: _original(*args, **kwargs))
             peaks[_label] = max(peaks.get(_label, 0), peak)
+            alive[_label] = max(alive.get(_label, 0), at_start + peak)
+            if getattr(meter, "breakdowns", None):
+                breakdowns[_label] = meter.breakdowns.pop()
             return result
-
         setattr(worker, method, traced)
 
     def step():
@@ -231,16 +386,16 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
 
     step()  # warm-up: gradients and AdamW moments now exist
     recording["on"] = True
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
     batch = step()
-    step_peak = None
-    if device == "cuda":  # the whole step: what torch allocated at its highest (weights, states, phases)
-        recording["on"] = False
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        step_peak = torch.cuda.max_memory_allocated()
+    recording["on"] = False
+    # the whole step: what the allocator held at its highest (weights, states, every phase's transients); on the
+    # CPU, which keeps no such counter, the highest of what was alive during each phase (the phases hold every
+    # allocation of weight; between them the controller's tensors are small)
+    step_peak = meter.step_peak(step)
+    composed = max(alive.values())
+    for role, method in wrapped.values():  # the wrappers and the workers they name form cycles: undo them
+        if workers[role] is not None:
+            vars(workers[role]).pop(method, None)
     width = batch["input_ids"].shape[1] - batch["responses"].shape[1]
 
     actor = workers["actor"]
@@ -253,13 +408,14 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
     from verl_runtime.offload import resident_bytes
 
     between = resident_bytes(actor.model, actor.optimizer, device)  # after the step: where offload left them
-    gpu = {"gpu_memory": str(torch.cuda.get_device_properties(0).total_memory)} if device == "cuda" else {}
     prompt_length, response_length = width, None
     if config.model.use_remove_padding:  # packed: the real tokens count; the largest micro-batch's, per sequence
         prompt_length, response_length = _packed_lengths(batch, width, config.actor.ppo_micro_batch_size_per_gpu or mini)
-    predicted = plan(config_file, overrides, runtime="verl-deploy", prompt_length=prompt_length,
+    # on a GPU: planned for one GPU of this one's memory, as `verl-deploy plan --gpus 1 --gpu-memory N` would
+    on_gpu = ["trainer.device=cuda"] if meter.gpu else []
+    predicted = plan(config_file, [*overrides, *on_gpu], runtime="verl-deploy", prompt_length=prompt_length,
                      response_length=response_length, read_data=False, with_suggestions=False,
-                     gpus="1" if device == "cuda" else None, **gpu)
+                     gpus=parse_gpus("1") if meter.gpu else None, **meter.device_properties())
     phases = {p.name: p for p in predicted.memory.phases}
     # The lean CPU path computes each distinct prompt of a micro-batch once; the plan assumes every group's prompt
     # differs (the safe side). The quickstart's toy prompts repeat (8 templates), so the step's own count is
@@ -291,7 +447,8 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
         if label == "generate":
             guess += phase.components["rollout"] - resident_rollout
         row = {"case": name, "phase": phase.name, "measured_bytes": measured, "predicted_bytes": int(guess),
-               "error": (guess - measured) / measured if measured else 0.0, "detail": phase.detail}
+               "error": (guess - measured) / measured if measured else 0.0, "detail": phase.detail,
+               **({"alive_at_peak": breakdowns[label]} if label in breakdowns else {})}
         exact = None
         if as_run and label != "generate" and (config.actor.use_dynamic_bsz or not label.startswith(("critic",
                                                                                                      "compute_values"))):
@@ -304,7 +461,9 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
             row.update({"planned_as_run_bytes": int(exact), "error_as_run": (exact - measured) / measured,
                         "distinct_prompts": distinct, "detail": phase.detail + why})
         rows.append(row)
-    ref_bytes = predicted.workload.ref_bytes if predicted.workload.use_ref else 0
+    lora = predicted.model.lora_params(predicted.workload.lora_rank, predicted.workload.lora_targets,
+                                       predicted.workload.lora_exclude)
+    ref_bytes = predicted.workload.ref_bytes if predicted.workload.use_ref and not lora else 0
     # measured between steps: with param_offload that is outside the update, where its gradients are freed
     outside = phases["old log-probs"] if config.actor.param_offload and "old log-probs" in phases else None
     planned_static = {"weights": phases["actor update"].components["weights"]
@@ -315,12 +474,14 @@ def run_case(name: str, spec: dict, model: str, workdir: Path, common: list[str]
                       "optimizer": phases["actor update"].components["optimizer"]
                       - (8 * predicted.model.critic_params if predicted.workload.use_critic else 0)}
     exact = {key: {"measured": static[key], "predicted": int(planned_static[key])} for key in static}
-    whole = None
-    if step_peak is not None:  # the plan's peak less what torch does not allocate (CUDA context, allocator slack)
-        planned = max(p.peak - p.components["overhead"] for p in predicted.memory.phases)
-        whole = {"measured_bytes": step_peak, "predicted_bytes": int(planned),
-                 "error": (planned - step_peak) / step_peak}
-    return {"case": name, "device": device, "whole_step": whole, "model": model, "prompt_width": width,
+    # the plan's whole step: its highest phase, less what torch does not allocate (CUDA context, allocator slack);
+    # as run where the step's own prompts or token budgets were planned too
+    planned = max(p.peak - p.components["overhead"] for p in (as_run or phases).values())
+    measured = composed if step_peak is None else step_peak - baseline
+    whole = {"measured_bytes": measured, "predicted_bytes": int(planned), "error": (planned - measured) / measured,
+             "how": "composed of the phases" if step_peak is None else "max_memory_allocated",
+             "composed_bytes": composed}
+    return {"case": name, "device": device, "whole_step": whole, "model": config.model.path, "prompt_width": width,
             "response_width": batch["responses"].shape[1], "sequences": len(batch["responses"]), "rows": rows,
             "static": exact, "parameters": predicted.model.params, "actor_resident_between_steps": between,
             "planned_host_bytes": predicted.memory.host_bytes}
@@ -355,10 +516,11 @@ def _dynamic_rows(config, batch: dict, mini: int) -> dict:
 
 
 def _planned_gradients(predicted, role: str) -> int:
-    """The plan's gradient bytes of one role (the phase's gradients hold the critic's too)."""
+    """The plan's gradient bytes of one role (the phase's gradients hold the critic's too; LoRA: the adapters')."""
     w = predicted.workload
     critic = 4 * predicted.model.critic_params / (w.world if w.critic_sharded else 1) if w.use_critic else 0
-    actor = 4 * predicted.model.params / (w.world if w.actor_sharded else 1)
+    trained = predicted.model.lora_params(w.lora_rank, w.lora_targets, w.lora_exclude) or predicted.model.params
+    actor = 4 * trained / (w.world if w.actor_sharded else 1)
     return int(critic if role == "critic" else actor)
 
 
@@ -426,7 +588,16 @@ def main(argv=None) -> int:
                      f"{row['error']:+.1%}" if "error_as_run" in row else "")
             print(f"{row['case']:<20} {row['phase']:<20} {row['measured_bytes'] / MiB:>13.2f} "
                   f"{predicted / MiB:>14.2f} {error:>+7.1%}  {row['detail']}{extra}")
+        whole = result["whole_step"]
+        worst = max(worst, abs(whole["error"]))
+        print(f"{result['case']:<20} {'whole step':<20} {whole['measured_bytes'] / MiB:>13.2f} "
+              f"{whole['predicted_bytes'] / MiB:>14.2f} {whole['error']:>+7.1%}  {whole['how']}, weights and states "
+              "included")
     worst = max(worst, print_changes(results))
+    left = {r["case"]: r["left_after_bytes"] for r in results if r["left_after_bytes"] > MiB}
+    if left:
+        print("left allocated after a case (it weighs on the next one): "
+              + ", ".join(f"{case} {size / MiB:.1f} MiB" for case, size in left.items()))
     if any(r["case"] == "offload" for r in results):
         print("offload: on the CPU the device is host memory, so the planned change of every phase's peak is none "
               "(1.00x) and the gradients leave outside the update; the GPU saving: bench/gpu_check.py --only offload")
