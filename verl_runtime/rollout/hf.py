@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 
 import torch
@@ -23,6 +24,10 @@ class HFRolloutEngine:
         self.device = torch.device(device)
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = eos_token_ids(model, tokenizer)
+        # The logits of the last position only, in the prefill too: some transformers releases compute the prompt's
+        # every position there ([rows, prompt, vocab], on a GPU the rollout's largest tensor by far)
+        accepts = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.keep_last = {"logits_to_keep": 1} if accepts else {}
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
         rows = [prompt for prompt in prompts for _ in range(params.n)]
@@ -33,7 +38,7 @@ class HFRolloutEngine:
             eval_mode(self.model), torch.inference_mode(), _seeded(params.seed, self.device),
             _only(self.model, config), _diverged_policy_named(),
         ):
-            sequences = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask)
+            sequences = self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **self.keep_last)
         # Clone out of inference mode: the trainer feeds these ids to forward passes that need autograd.
         responses = sequences[:, prompt_ids.shape[1] :].clone()
         missing = params.max_new_tokens - responses.shape[1]  # generate stops early once every row hit EOS

@@ -25,7 +25,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, draws: torch.Tensor) ->
     else:
         filtered = _top_p(_top_k(scaled, params.top_k), params.top_p)
         kept = probabilities if filtered is scaled else filtered.softmax(dim=-1)
-        cumulative = kept.cumsum(dim=-1, dtype=torch.float64)
+        cumulative = kept.to(torch.float64).cumsum_(dim=-1)  # in place: one float64 copy, not two
         # (1 - u) * total lies in (0, total]: the first entry at or above it ends a token of positive probability.
         tokens = torch.searchsorted(cumulative, (1 - draws) * cumulative[:, -1:])
     return tokens.squeeze(-1), probabilities.gather(-1, tokens).log_().squeeze(-1)

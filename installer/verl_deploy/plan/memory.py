@@ -281,11 +281,15 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         adapters = c * w.i if lora else 0
         prefill = (rows_all * lengths.prompt * (per_token + layer_live(w, regime) + adapters + mask)
                    + rows_all * shape.vocab * 4)
-        decode = rows_all * length * per_token + 3 * rows_all * shape.vocab * 4
+        # the last decode step: the whole cache; beside it one layer's attention makes a new key slab (the cache
+        # grows by concatenation) and, under autocast, the keys and values cast to the compute dtype for attention
+        attention = shape.kv_heads * shape.head_dim * (key_bytes + (2 * c if regime == "autocast" else 0))
+        decode = rows_all * length * (per_token + attention) + 3 * rows_all * shape.vocab * 4
         # under autocast without autograd (generate runs in inference mode) no cast is cached: each linear casts its
-        # fp32 weight for the call and frees it; the lm_head's cast is the largest, alive beside the logits
+        # fp32 weight for the call and frees it; the lm_head's cast is the largest, alive beside a decode step's
+        # logits (the prefill's peak is in its layers, before the lm_head)
         casts = 2 * shape.vocab * shape.hidden if regime == "autocast" else 0
-        rollout_extra = max(prefill, decode) + casts
+        rollout_extra = max(prefill, decode + casts)
 
     sampled_from = (() if work.rollout == "vllm" else ("rollout weights",) if graph_held
                     else ("rollout copy",) if work.actor_sharded else ("actor weights",))
@@ -400,7 +404,8 @@ def _graph_prefill(shape: ModelShape, w: Widths, c: int, rows: int, n: int, leng
     layer = tokens * (3 * 4 * w.h + c * (w.q + 2 * w.kd) + 4 * (w.q + w.kd) + c * w.mlp_live)
     scores = distinct * shape.heads * lengths.prompt * lengths.prompt * (4 + c)
     sampling = rows * shape.vocab * (c + 4 + 4 + 8)
-    return max(layer + scores, sampling)
+    tables = 2 * _ceil(rows, 8) * _ceil(lengths.total, 128) * shape.head_dim * 4  # cos, sin made before their copy in
+    return max(layer + scores, sampling) + tables
 
 
 def _offloads(work: Workload) -> bool:
