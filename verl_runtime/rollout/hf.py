@@ -24,8 +24,9 @@ class HFRolloutEngine:
         self.device = torch.device(device)
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = eos_token_ids(model, tokenizer)
-        # The logits of the last position only, in the prefill too: some transformers releases compute the prompt's
-        # every position there ([rows, prompt, vocab], on a GPU the rollout's largest tensor by far)
+        # The logits of the last position only, in the prefill too ([rows, prompt, vocab] would be the rollout's
+        # largest tensor by far): generate asks for it itself in the releases we run (5.17, 5.19), and explicitly a
+        # release that does not cannot differ
         accepts = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.keep_last = {"logits_to_keep": 1} if accepts else {}
 

@@ -270,9 +270,12 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         rollout_extra = _graph_prefill(shape, w, c, rows_all, work.n, lengths)
         rollout_detail += " (CUDA graphs over a static KV cache, in the engine's own weights)" if cuda else ""
     else:
-        key_bytes = 4  # fp32 weights, or autocast: the fp32 rotary tables leave keys in fp32
+        # fp32 weights, or autocast over them: transformers' cache holds keys and values in fp32 (the residual stream
+        # is fp32 and the rotary tables are; checked: DynamicCache after a forward under CPU autocast, and the H200's
+        # rollout, whose measured peak this fits)
+        key_bytes = 4
         length = _ceil(lengths.total, 64) if (work.rollout == "builtin" and lean) else lengths.total
-        per_token = _kv_per_token(shape, key_bytes, c)
+        per_token = _kv_per_token(shape, key_bytes, 4)
         # the prefill (the prompts' cache and one layer's live tensors) or the last decode step (the whole cache)
         lean_decoder = work.rollout == "builtin" and lean
         mask = lengths.prompt * (4 if lean_decoder else 1)  # the prompts' [P, P] attention mask (float or bool)
@@ -281,9 +284,9 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         adapters = c * w.i if lora else 0
         prefill = (rows_all * lengths.prompt * (per_token + layer_live(w, regime) + adapters + mask)
                    + rows_all * shape.vocab * 4)
-        # the last decode step: the whole cache; beside it one layer's attention makes a new key slab (the cache
-        # grows by concatenation) and, under autocast, the keys and values cast to the compute dtype for attention
-        attention = shape.kv_heads * shape.head_dim * (key_bytes + (2 * c if regime == "autocast" else 0))
+        # the last decode step: the whole cache, and one layer's keys made anew beside it (the cache grows by
+        # concatenation)
+        attention = shape.kv_heads * shape.head_dim * key_bytes
         decode = rows_all * length * (per_token + attention) + 3 * rows_all * shape.vocab * 4
         # under autocast without autograd (generate runs in inference mode) no cast is cached: each linear casts its
         # fp32 weight for the call and frees it; the lm_head's cast is the largest, alive beside a decode step's
