@@ -185,7 +185,7 @@ def test_our_runtime_is_offered_its_memory_settings_first_in_its_own_keys_and_ea
     for line in doc["suggestions"]:
         settings = [part.strip() for part in line.split(": peak")[0].split(",")]
         again, fixed = plan_json(*args, "--set", model, *settings)
-        assert again == 0 and fixed["verdict"] == "fits", line
+        assert again == 0 and fixed["verdict"] in ("fits", "tight"), line  # tight: `run` lets it through, warned
 
 
 def test_our_runtimes_token_budget_is_halved_under_its_own_key():

@@ -1,5 +1,5 @@
-"""Worker groups on Ray, on the CPU: data-parallel training over gloo gives the one-worker update, a GRPO run on
-two workers matches one worker, placements that cannot fit fail in one line, and a killed worker ends the run
+"""Worker groups on Ray, on the CPU: data-parallel training over gloo gives the one-worker update, every worker
+generates its share of the rollout (joined, the batch is one worker's; sampled, each rank's own and reproducible), placements that cannot fit fail in one line, and a killed worker ends the run
 naming it while its last checkpoint resumes (into one worker: checkpoints load into any worker count)."""
 
 import threading
@@ -65,25 +65,47 @@ def test_two_workers_take_the_same_update_as_one(strategy):
         two.close()
 
 
-def test_grpo_on_two_workers_matches_one_worker(tmp_path):
-    """Rank 0 samples the whole batch from the same random stream, so the runs see the same samples; step 2's samples
-    come from the updated weights (with FSDP, rank 0's whole copy for the rollout, refreshed in memory)."""
-    settings = ["trainer.total_training_steps=2", "actor.lr=3e-3"]
-    SingleControllerTrainer(short_run(tmp_path / "one", *settings)).fit()
-    expected_metrics = read_metrics(tmp_path / "one")
-    for strategy in ("dp", "fsdp"):
-        two = SingleControllerTrainer(short_run(tmp_path / strategy, *settings, "trainer.n_workers=2",
-                                                f"actor.strategy={strategy}"))
-        two.fit()
+@pytest.mark.parametrize("strategy", ["dp", "fsdp"])
+def test_each_worker_generates_its_share_and_the_joined_batch_is_one_workers(strategy, tmp_path):
+    """The rollout on every worker: each generates its slice of the prompts (a prompt's samples on one worker),
+    padded to the batch's longest prompt as one worker pads them, and the controller joins the slices in order.
+    Greedy decoding does not depend on random draws, so the joined batch is one worker's, token for token; after an
+    update (with FSDP, each rank's whole copy for the rollout refreshed in memory) too."""
+    from verl_runtime.rollout import SamplingParams
+
+    settings = ["trainer.total_training_steps=1", "actor.lr=3e-3", f"actor.strategy={strategy}"]
+    one = SingleControllerTrainer(short_run(tmp_path / "one", *settings))
+    two = SingleControllerTrainer(short_run(tmp_path / "two", *settings, "trainer.n_workers=2"))
+    try:
+        prompts = [p.input_ids for p in one.load_prompts(one.config.data.train_files, "train")[:6]]
+        greedy = SamplingParams(n=2, max_new_tokens=8, do_sample=False)
+        for _ in range(2):
+            expected, got = one.actor.generate(prompts, greedy), two.actor.generate(prompts, greedy)
+            for key in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask"):
+                assert torch.equal(got[key], expected[key]), key
+            assert got.keys() == expected.keys()
+            if "rollout_log_probs" in expected:  # the engines that report their sampler's log-probs
+                torch.testing.assert_close(got["rollout_log_probs"], expected["rollout_log_probs"], rtol=1e-4,
+                                           atol=1e-5)
+            one.step(SAMPLES), two.step(SAMPLES)  # the same update: the next rollout samples the updated weights
+        assert two.actor.rollout_share() == [2 * 3 * 2, 2 * 3 * 2]  # two calls x 3 of the 6 prompts x 2 samples
+    finally:
         two.close()
-        metrics = read_metrics(tmp_path / strategy)
-        assert [m["step"] for m in metrics] == [1, 2]
-        for expected, got in zip(expected_metrics, metrics):
-            for name in ("critic/score/mean", "response_length/mean", "critic/advantages/max"):
-                assert got[name] == expected[name], (strategy, name)
-            for name in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy"):
-                assert got[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), (strategy, name)
-            assert 0 <= got["timing_s/controller"] < got["timing_s/step"]
+
+
+def test_sampled_rollouts_on_two_workers_are_each_ranks_own_and_reproducible(tmp_path):
+    """Sampling, each rank draws from a seed of its own (no two ranks share random numbers), and the same seed on the
+    same number of workers gives the same run."""
+    settings = ["trainer.total_training_steps=2", "trainer.n_workers=2", "trainer.save_freq=-1"]
+    runs = []
+    for name in ("a", "b"):
+        trainer = SingleControllerTrainer(short_run(tmp_path / name, *settings))
+        trainer.fit()
+        assert trainer.actor.rollout_share() == [8, 8]
+        trainer.close()
+        runs.append(read_metrics(tmp_path / name))
+    keys = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/entropy")
+    assert [[m[k] for k in keys] for m in runs[0]] == [[m[k] for k in keys] for m in runs[1]]
 
 
 @pytest.mark.parametrize("settings, message", [

@@ -53,6 +53,7 @@ def train(config_path: str, overrides: list[str]) -> int:
     from verl_runtime.local_paths import check_local_paths
     from verl_runtime.rundir import TRAIN_LOG, locked
 
+    _refuse_empty(config_path)
     config = load_config(config_path, overrides)
     check_local_paths(config)  # data, reward and model paths: before the run directory and the model load
     threading.excepthook = _thread_fault  # TensorBoard's writer thread meets a full disk too
@@ -70,6 +71,20 @@ def train(config_path: str, overrides: list[str]) -> int:
                     log.write(f"error: {fault}\n")  # main() prints it to the console; a full disk may lose it
             raise
     return 0
+
+
+def _refuse_empty(config_path: str) -> None:
+    """UserError for a CONFIG file with no settings (empty, comments only, `null`): it would train on the defaults
+    without a word, where a config was meant."""
+    import yaml
+
+    path = Path(config_path)
+    try:
+        empty = path.is_file() and yaml.safe_load(path.read_text(encoding="utf-8", errors="replace")) is None
+    except yaml.YAMLError:
+        return  # not YAML: load_config says where
+    if empty:
+        raise UserError(f"CONFIG {config_path} is empty: give it the run's settings (examples/quickstart.yaml is one)")
 
 
 def _thread_fault(args) -> None:

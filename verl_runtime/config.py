@@ -680,6 +680,10 @@ def validate(config: Config) -> None:
         raise ConfigError("data.train_files is empty: name a .parquet or .jsonl file in verl's layout (or toy:letter)")
 
     _check_batch_sizes(config)
+    if config.rollout.tensor_model_parallel_size > 1:
+        raise ConfigError(f"rollout.tensor_model_parallel_size={config.rollout.tensor_model_parallel_size}: this "
+                          "runtime runs one rollout engine per worker, each on its share of the prompts (tensor-parallel "
+                          "rollouts are upstream verl's: run with --runtime verl)")
     if config.algorithm.adv_estimator in ("grpo", "rloo") and config.rollout.n < 2:
         raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares samples of one prompt: set rollout.n to 2 or more")
 

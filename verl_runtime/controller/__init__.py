@@ -4,6 +4,8 @@ Two backends: ``WorkerGroup`` (in-process, the default) and ``ray_backend.RayWor
 only when a run uses Ray, so one-worker runs never pay for Ray's start-up).
 """
 
-from verl_runtime.controller.worker_group import ALL, DP_SPLIT, RANK_ZERO, BaseWorkerGroup, WorkerGroup, chunks, register
+from verl_runtime.controller.worker_group import (
+    ALL, DP_SPLIT, PROMPT_SPLIT, RANK_ZERO, BaseWorkerGroup, WorkerGroup, chunks, register,
+)
 
-__all__ = ["ALL", "DP_SPLIT", "RANK_ZERO", "BaseWorkerGroup", "WorkerGroup", "chunks", "register"]
+__all__ = ["ALL", "DP_SPLIT", "PROMPT_SPLIT", "RANK_ZERO", "BaseWorkerGroup", "WorkerGroup", "chunks", "register"]

@@ -7,7 +7,11 @@ Each worker method says how (verl's ``@register(dispatch_mode=...)``, much small
   along the sample dimension -- padded to a multiple of the group size by repeating its first samples, so that every
   rank runs the same number of forward passes (collectives need that) -- and the results are joined back
   (tensors concatenated and unpadded, metrics averaged).
-- ``RANK_ZERO``: only the first worker runs it (e.g. the rollout engine, saving a checkpoint).
+- ``RANK_ZERO``: only the first worker runs it (e.g. saving a checkpoint).
+- ``PROMPT_SPLIT``: the first argument, a list of prompts, is split into one contiguous slice per worker, as equal as
+  the count allows (a prompt's samples are made on one worker), and the second, the sampling parameters, gets the
+  whole list's longest prompt as the width every worker pads to; the workers' batches are concatenated in order
+  (the rollout: every worker generates its share).
 
 The in-process backend below keeps the workers in this process, so a call is a plain method call; the Ray backend
 (``ray_backend.RayWorkerGroup``) runs them as Ray actors. Both record ``compute_s``: the time spent inside worker
@@ -17,6 +21,7 @@ methods (the slowest rank per call), so the controller's own overhead is the res
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -24,6 +29,7 @@ import torch
 ALL = "all"
 DP_SPLIT = "dp split"
 RANK_ZERO = "rank zero"
+PROMPT_SPLIT = "prompt split"
 
 
 def register(dispatch: str) -> Callable:
@@ -64,6 +70,13 @@ class BaseWorkerGroup:
                 return self._timed(name, [args], kwargs)[0]
             if dispatch == ALL:
                 return self._timed(name, [args] * self.world_size, kwargs)
+            if dispatch == PROMPT_SPLIT:
+                prompts, params, *rest = args
+                slices = split_prompts(prompts, self.world_size)
+                if self.world_size > 1:
+                    params = replace(params, prompt_width=max(map(len, prompts), default=0))
+                shares = self._timed(name, [(part, params, *rest) for part in slices], kwargs)
+                return collect([share for share, part in zip(shares, slices) if part])  # ranks given no prompt
             batch, *rest = args
             parts, pad = split_batch(batch, self.world_size)
             return unpad(collect(self._timed(name, [(part, *rest) for part in parts], kwargs)), pad)
@@ -91,6 +104,15 @@ class WorkerGroup(BaseWorkerGroup):
             result = getattr(worker, name)(*args, **kwargs)
             outputs.append((result, time.perf_counter() - started))
         return outputs
+
+
+def split_prompts(prompts: list, parts: int) -> list[list]:
+    """`parts` contiguous slices of a prompt list, their sizes differing by one at most (the first ones larger)."""
+    size, extra = divmod(len(prompts), parts)
+    bounds = [0]
+    for rank in range(parts):
+        bounds.append(bounds[-1] + size + (rank < extra))
+    return [prompts[start:end] for start, end in zip(bounds, bounds[1:])]
 
 
 def split_batch(batch: dict[str, Any], parts: int) -> tuple[list[dict[str, Any]], int]:

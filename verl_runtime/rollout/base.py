@@ -20,6 +20,9 @@ class SamplingParams:
     max_new_tokens: int = 64
     do_sample: bool = True  # False: greedy
     seed: int | None = None  # None: draw from the global torch RNG
+    # left-pad the prompts to at least this width: with several workers the controller's longest prompt, so that every
+    # worker's batch has one width (and the same padding as one worker's would)
+    prompt_width: int | None = None
 
     def __post_init__(self):
         # Every engine reads greedy from do_sample alone: here temperature 0 becomes it, before any logits / 0.
@@ -59,9 +62,9 @@ def logprob_diff(rollout_log_probs: torch.Tensor, log_probs: torch.Tensor, respo
     return (rollout_log_probs[mask] - log_probs[mask]).abs().mean().item() if mask.any() else 0.0
 
 
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompts as a left-padded [B, P] id tensor and its attention mask."""
-    width = max(len(p) for p in prompts)
+def left_pad(prompts: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts as a left-padded [B, P] id tensor and its attention mask; P is the longest prompt, or `width` if wider."""
+    width = max(max(len(p) for p in prompts), width or 0)
     ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
     return ids, mask

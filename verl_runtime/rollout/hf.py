@@ -32,7 +32,7 @@ class HFRolloutEngine:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> RolloutBatch:
         rows = [prompt for prompt in prompts for _ in range(params.n)]
-        prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
+        prompt_ids, prompt_mask = left_pad(rows, self.pad_id, params.prompt_width)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         config = hf_generation_config(params, self.eos_ids, self.pad_id)
         with (

@@ -111,7 +111,8 @@ class VLLMRolloutEngine:
             ids = list(sample.token_ids)
             responses[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             log_probs[row, : len(ids)] = torch.tensor([step[token].logprob for step, token in zip(sample.logprobs, ids)])
-        prompt_ids, prompt_mask = left_pad([prompt for prompt in prompts for _ in range(params.n)], self.pad_id)
+        prompt_ids, prompt_mask = left_pad([prompt for prompt in prompts for _ in range(params.n)], self.pad_id,
+                                         params.prompt_width)
         batch = assemble_batch(prompt_ids, prompt_mask, responses, self.eos_ids)
         batch = _to(batch, self.device)
         batch.rollout_log_probs = log_probs.to(self.device) * batch.response_mask

