@@ -191,7 +191,8 @@ def test_unknown_keys_point_at_the_key_meant(override, hint):
 def test_verl_reward_and_data_keys_have_their_verl_meaning():
     config = load_config(None, ["custom_reward_function.path=/rewards/mine.py", "custom_reward_function.name=score",
                                 "data.filter_overlong_prompts=True", "reward_model.model.path=/rm"])
-    assert config.reward.function == "/rewards/mine.py:score" and config.data.truncation == "filter"
+    assert config.reward.function == "/rewards/mine.py:score" and config.data.filter_overlong_prompts
+    assert config.data.truncation == "error"  # a setting of its own, as in verl (tests/test_verl_defaults.py)
     assert config.reward.model_path == "/rm"
     assert load_config(None, ["reward_model.model.path=/rm", "reward_model.enable=False"]).reward.model_path is None
     assert load_config(None, ["reward.custom_reward_function.path=r.py"]).reward.function == "r.py"

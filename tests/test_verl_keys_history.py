@@ -160,7 +160,8 @@ def test_a_batch_smaller_than_the_mini_batch_is_refused_unless_dynamic():
 
 
 def test_the_batch_splits_evenly_over_the_workers_unless_dynamic():
-    sizes = ["data.train_batch_size=3", "actor_rollout_ref.rollout.n=1", "trainer.n_gpus_per_node=2"]
+    sizes = ["data.train_batch_size=3", "actor_rollout_ref.rollout.n=1", "trainer.n_gpus_per_node=2",
+             "actor_rollout_ref.actor.ppo_mini_batch_size=2"]  # below the batch (verl's default is 256)
     assert "must be divisible by trainer.n_workers (2)" in refusal(*sizes)
     load_config(None, [*sizes, "actor_rollout_ref.actor.use_dynamic_bsz=true"])
 

@@ -51,7 +51,10 @@ class DataConfig:
     val_batch_size: int | None = 64  # prompts per validation generate call (None: all at once, as verl's null)
     max_prompt_length: int = 256
     max_response_length: int = 64
-    truncation: str = "error"  # error | left | right | filter
+    truncation: str = "error"  # error | left | right (| filter: as filter_overlong_prompts, an earlier spelling)
+    # drop the prompts longer than max_prompt_length when the data is loaded (verl's filter_overlong_prompts); what
+    # remains is within the limit, so truncation never acts on it
+    filter_overlong_prompts: bool = False
     shuffle: bool = True
     apply_chat_template: bool = True
     toy_size: int = 512  # rows of a "toy:" train set (its validation set gets a quarter)
@@ -507,7 +510,7 @@ _GLOBAL_MICRO = {
 
 # verl keys whose value is translated, not only renamed (see _from_verl).
 _TRANSLATED = (
-    "trainer.logger", "data.filter_overlong_prompts", "custom_reward_function.path", "custom_reward_function.name",
+    "trainer.logger", "custom_reward_function.path", "custom_reward_function.name",
     "reward.custom_reward_function.path", "reward.custom_reward_function.name", "reward_model.enable",
     "reward.reward_model.enable", "actor_rollout_ref.actor.optim.warmup_style", "critic.optim.warmup_style",
     "reward_model.reward_manager",
@@ -575,25 +578,37 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     warned about (one ``warning:`` line on stderr each, unless ``warn`` is false) or refused (verl_keys.RULES)."""
     values: dict[str, tuple[Any, str]] = {}  # dotted key -> (value, where it came from)
     spelled: dict[str, str] = {}  # dotted key -> the key as written and where, for a range error (check_ranges)
+    written_keys: list[str] = []  # as written: a verl command line is known by its own spellings
     if path is not None:
         for key, value in _flatten(_read_yaml(Path(path))).items():
             values[_canonical(key)] = (value, f"in {path}")
             spelled[_canonical(key)] = stated(key, f"in {path}")
+            written_keys.append(key)
     for item in overrides:
         written, value = parse_override(item)
+        written_keys.append(written)
         key = _canonical(written)
         values.pop(key, None)  # the last one given counts, in its place (~key: none does)
         spelled.pop(key, None)
         if value is not DELETE:
             values[key] = (value, COMMAND_LINE)
             spelled[key] = stated(written, COMMAND_LINE)
+    verl_line = _gives_verls_keys(written_keys)
     values = _from_verl(values, warn)
+    if verl_line:  # what verl would train with where the line does not say (verl_keys.VERL_DEFAULTS)
+        for key, (verl_key, value) in verl_keys.VERL_DEFAULTS.items():
+            values.setdefault(key, (value, f"(verl {verl_keys.VERL_VERSION}'s default of {verl_key})"))
     estimator = values.get("algorithm.adv_estimator", ("gae", ""))[0]
     config = get_default_config(_PRESET_OF_ESTIMATOR.get(str(estimator), "ppo"))
     for key, (value, origin) in values.items():
         set_value(config, key, value, origin)
     check_ranges(config, spelled)
     _set_world_size(config)
+    if verl_line and config.algorithm.adv_estimator in ("grpo", "rloo") and config.rollout.n < 2:
+        # verl runs it (its default of one sample per prompt: every advantage 0); validate would refuse it as ours
+        raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares samples of one prompt "
+                          f"and rollout.n is {config.rollout.n} (verl's default unless actor_rollout_ref.rollout.n is "
+                          "given): set it to 2 or more; " + verl_keys.not_here("as written, every advantage is 0"))
     validate(config)
     config.spelled = spelled  # not a field (not in config.yaml): oom.py names a fix as the user wrote its key
     return config
@@ -681,9 +696,9 @@ def validate(config: Config) -> None:
 
     _check_batch_sizes(config)
     if config.rollout.tensor_model_parallel_size > 1:
-        raise ConfigError(f"rollout.tensor_model_parallel_size={config.rollout.tensor_model_parallel_size}: this "
-                          "runtime runs one rollout engine per worker, each on its share of the prompts (tensor-parallel "
-                          "rollouts are upstream verl's: run with --runtime verl)")
+        raise ConfigError(f"rollout.tensor_model_parallel_size={config.rollout.tensor_model_parallel_size} is "
+                          "refused: " + verl_keys.not_here("this runtime runs one rollout engine per worker, each on "
+                                                           "its share of the prompts (no tensor-parallel rollout)"))
     if config.algorithm.adv_estimator in ("grpo", "rloo") and config.rollout.n < 2:
         raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares samples of one prompt: set rollout.n to 2 or more")
 
@@ -822,9 +837,6 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
             if others and warn:
                 _warn(f"trainer.logger: {', '.join(map(str, others))} not here (console, tensorboard, "
                       f"{', '.join(TRACKERS)} are): metrics go to the console and metrics.jsonl")
-        elif key == "data.filter_overlong_prompts":
-            if _coerce(key, value, bool):
-                out["data.truncation"] = ("filter", origin)
         elif key.endswith("custom_reward_function.path"):
             reward_path = (value, origin)
         elif key.endswith("custom_reward_function.name"):
@@ -855,6 +867,12 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
                               f"refused: {refusal}")
         out["reward.manager"] = legacy_manager
     return out
+
+
+def _gives_verls_keys(written: list[str]) -> bool:
+    """Whether a command line (or file) speaks verl: it gives a key of verl's own that is not one of ours."""
+    ours = set(all_keys())
+    return any(key not in ours and verl_keys.is_verl_key(key) for key in written)
 
 
 def _refuse_out_of_scope(values: dict[str, tuple[Any, str]], ours: set[str]) -> None:

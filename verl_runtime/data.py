@@ -141,11 +141,14 @@ def encode_prompts(
     max_prompt_length: int,
     truncation: str = "error",
     apply_chat_template: bool = True,
+    filter_overlong: bool = False,
 ) -> list[Prompt]:
     """Tokenize rows and apply the prompt-length policy.
 
-    truncation: "error" stops on a prompt longer than max_prompt_length; "left" keeps its last tokens,
-    "right" its first ones; "filter" drops it (and logs how many were dropped).
+    filter_overlong (verl's filter_overlong_prompts) drops every prompt longer than max_prompt_length first (and logs
+    how many were dropped), as verl filters its dataset when loading it; then truncation acts on what is left:
+    "error" stops on a prompt longer than max_prompt_length; "left" keeps its last tokens, "right" its first ones;
+    "filter" (an earlier spelling of filter_overlong) drops it.
     """
     if truncation not in TRUNCATION_MODES:
         raise DataError(f"unknown data.truncation '{truncation}': use one of {', '.join(TRUNCATION_MODES)}")
@@ -162,6 +165,8 @@ def encode_prompts(
                 extra_info=row.get("extra_info") or {},
             )
         )
+    if filter_overlong:
+        prompts = apply_length_policy(prompts, max_prompt_length, "filter")
     return apply_length_policy(prompts, max_prompt_length, truncation)
 
 
@@ -174,7 +179,7 @@ def apply_length_policy(prompts: list[Prompt], max_prompt_length: int, truncatio
         raise DataError(
             f"{len(too_long)} prompt(s) exceed data.max_prompt_length={max_prompt_length} "
             f"(the longest has {longest} tokens): raise data.max_prompt_length, "
-            "or set data.truncation to left, right or filter"
+            "or set data.filter_overlong_prompts=true (or data.truncation to left or right)"
         )
     if truncation == "filter":
         kept = [p for p in prompts if len(p.input_ids) <= max_prompt_length]

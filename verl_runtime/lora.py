@@ -101,6 +101,8 @@ def _plain(value):
 def rollout_weights(model: nn.Module):
     """The weights to sample with under the base model's names, one (name, tensor) at a time: model.state_dict(),
     with adapters merged in as each is reached (so that one merged matrix at a time exists beside the model)."""
+    if isinstance(model, dict):  # a whole state dict already (gathered from FSDP's shards; no adapters)
+        return iter(model.items())
     state = model.state_dict()
     return iter_merged_weights(state, lora_state(model)) if is_lora(model) else iter(state.items())
 

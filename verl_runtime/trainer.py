@@ -299,7 +299,8 @@ class SingleControllerTrainer:
                 rows += make_toy_rows(name.removeprefix("toy:"), size, self.config.trainer.seed + (split != "train"))
             else:
                 rows += load_rows(name)
-        return encode_prompts(rows, self.tokenizer, cfg.max_prompt_length, cfg.truncation, cfg.apply_chat_template)
+        return encode_prompts(rows, self.tokenizer, cfg.max_prompt_length, cfg.truncation, cfg.apply_chat_template,
+                              cfg.filter_overlong_prompts)
 
     def save(self, run_dir, step: int) -> None:
         state = {

@@ -95,6 +95,49 @@ VALUE_REFUSALS["reward.manager"]["collabllm"] = f"CollabLLM's reward manager is 
 VALUE_SPELLINGS = {"critic.strategy": {"fsdp2": "fsdp"}}
 
 
+# verl 0.9.1's defaults where ours differ, for a verl command line (one that gives any key of verl's own that is not
+# ours): what verl would train with where the line does not say (verl/trainer/config/_generated_ppo_trainer.yaml in
+# its wheel; tests/test_verl_defaults.py checks every value against it, and that every other difference is below).
+# our key -> (verl's key, verl's default)
+VERL_DEFAULTS = {
+    "actor.strategy": ("actor_rollout_ref.actor.strategy", "fsdp"),
+    "critic.strategy": ("critic.strategy", "fsdp"),
+    "data.batch_size": ("data.train_batch_size", 1024),
+    "data.val_batch_size": ("data.val_batch_size", None),
+    "data.max_prompt_length": ("data.max_prompt_length", 512),
+    "data.max_response_length": ("data.max_response_length", 512),
+    "model.gradient_checkpointing": ("actor_rollout_ref.model.enable_gradient_checkpointing", True),
+    "model.use_remove_padding": ("actor_rollout_ref.model.use_remove_padding", True),
+    "critic.use_remove_padding": ("critic.model.use_remove_padding", True),
+    "actor.ppo_mini_batch_size": ("actor_rollout_ref.actor.ppo_mini_batch_size", 256),
+    "rollout.n": ("actor_rollout_ref.rollout.n", 1),
+    "rollout.calculate_log_probs": ("actor_rollout_ref.rollout.calculate_log_probs", True),
+    "actor.use_kl_loss": ("actor_rollout_ref.actor.use_kl_loss", False),
+    "trainer.num_epochs": ("trainer.total_epochs", 30),
+}
+# Where verl's default differs from ours and ours stays, with why (the test above holds the list complete).
+VERL_DEFAULTS_LEFT_OUT = {
+    "rollout.tensor_model_parallel_size": "verl's 2: this runtime runs one rollout engine per worker (TP is refused)",
+    "trainer.n_gpus_per_node": "the launcher's --gpus decide the workers",
+    "trainer.nnodes": "the launcher's --nodes decide",
+    "trainer.device": "auto is cuda where there is a GPU",
+    "trainer.logger": "verl's console and wandb: a tracker is never turned on unasked",
+    "trainer.trackers": "as trainer.logger",
+    "trainer.project_name": "a name", "trainer.experiment_name": "a name",
+    "data.train_files": "an example path of verl's", "data.val_files": "an example path of verl's",
+    "critic.model_path": "an example path of verl's (the critic is the actor's model unless given)",
+    "reward.function": "verl's compute_score names the function of a file it does not have",
+    "reward.model_path": "no reward model unless given, as verl",
+    "reward.manager": "null is verl's naive manager, ours by name",
+    "rollout.log_prob_micro_batch_size_per_gpu": "verl leaves it to the line (it refuses a line without it)",
+    "ref.log_prob_micro_batch_size_per_gpu": "verl leaves it to the line (it refuses a line without it)",
+    "actor.lr_scheduler_type": "verl's warmup_style null defers to its lr_scheduler_type, constant as ours",
+    "critic.lr_scheduler_type": "as the actor's",
+    "actor.clip_ratio_low": "null: clip_ratio's 0.2, verl's value", "actor.clip_ratio_high": "null: clip_ratio's 0.2",
+    "algorithm.rollout_correction.rollout_is_threshold": "the same 2.0, kept as text for its upper:lower form",
+}
+
+
 @dataclass(frozen=True)
 class Rule:
     pattern: str  # a verl key, or a pattern with * (fnmatch)
@@ -233,7 +276,6 @@ RULES: tuple[Rule, ...] = (
           "tensorboard in the list turns trainer.tensorboard on; wandb, mlflow and swanlab go to trainer.trackers "
           "(their own clients: pip install 'verl-deploy[trackers]'); console and metrics.jsonl are always written; "
           "others (clearml, trackio, file, ...) are not here: a warning"),
-    _maps("data.filter_overlong_prompts", "data.truncation", "true sets data.truncation=filter"),
     _maps("custom_reward_function.path", "reward.function", "with custom_reward_function.name: reward.function=PATH:NAME"),
     _maps("custom_reward_function.name", "reward.function", "the function in custom_reward_function.path"),
     _maps("reward.custom_reward_function.path", "reward.function", "as custom_reward_function.path"),
@@ -580,6 +622,15 @@ def table_markdown() -> str:
             here, what = "ignored (warning)", rule.reason
         cells = [f"`{rule.pattern}`", here, what.replace("|", "\\|")]
         rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def defaults_markdown() -> str:
+    """VERL_DEFAULTS as docs/verl.md shows it (tests/test_verl_defaults.py holds the two equal)."""
+    rows = ["| our key | verl's key | verl 0.9.1's default |", "|---|---|---|"]
+    rows += [f"| `{ours}` | `{key}` | {_show(value)} |" for ours, (key, value) in VERL_DEFAULTS.items()]
+    rows += ["", "Where verl's default differs and ours stays:", ""]
+    rows += [f"- `{ours}`: {why}" for ours, why in VERL_DEFAULTS_LEFT_OUT.items()]
     return "\n".join(rows)
 
 

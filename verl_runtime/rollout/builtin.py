@@ -85,9 +85,15 @@ class BuiltinRolloutEngine:
         batch.rollout_log_probs = log_probs.clone() * batch.response_mask
         return batch
 
+    @property
+    def owns_weights(self) -> bool:
+        """Whether the engine samples from a copy of its own (the graph path), not from the model it was given."""
+        return self.weights is not None
+
     def sync_weights(self, model) -> None:
-        """Refresh the graph path's copy in place (captured graphs read it at fixed addresses); the other paths
-        decode the trained model object itself, which optimizer steps update in place."""
+        """Refresh the graph path's copy in place (captured graphs read it at fixed addresses) from the updated model
+        or its whole state dict (gathered from FSDP's shards); the other paths decode the trained model object itself,
+        which optimizer steps update in place."""
         if self.weights is not None:
             self.weights.refresh(model)
 

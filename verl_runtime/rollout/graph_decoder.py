@@ -55,7 +55,9 @@ class DecodeWeights(nn.Module):
 
     @torch.no_grad()
     def refresh(self, model) -> None:
-        for name, tensor in _layout(model).items():
+        """Copy a model's current weights in, or a whole state dict's (transformers' names, as FSDP gathers them)."""
+        layout = _layout_of_state(model, self.layers, self.tied) if isinstance(model, dict) else _layout(model)
+        for name, tensor in layout.items():
             getattr(self, name).copy_(tensor)
 
     def get(self, name: str) -> torch.Tensor | None:
@@ -93,6 +95,34 @@ def _layout(model) -> dict[str, torch.Tensor]:
         out[f"l{i}_down"] = mlp.down_proj.weight
         if mlp.down_proj.bias is not None:
             out[f"l{i}_down_bias"] = mlp.down_proj.bias
+    return out
+
+
+def _layout_of_state(state: dict[str, torch.Tensor], layers: int, tied: bool) -> dict[str, torch.Tensor]:
+    """_layout from a causal LM's state dict (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...)."""
+    def get(name):
+        return state.get(name)
+
+    out = {"embedding": state["model.embed_tokens.weight"], "final_norm": state["model.norm.weight"]}
+    if not tied:
+        out["output"] = state["lm_head.weight"]
+    for i in range(layers):
+        prefix = f"model.layers.{i}."
+        attention, mlp = prefix + "self_attn.", prefix + "mlp."
+        out[f"l{i}_input_norm"] = state[prefix + "input_layernorm.weight"]
+        out[f"l{i}_qkv"] = torch.cat([state[f"{attention}{p}_proj.weight"] for p in "qkv"])
+        if get(attention + "q_proj.bias") is not None:
+            out[f"l{i}_qkv_bias"] = torch.cat([state[f"{attention}{p}_proj.bias"] for p in "qkv"])
+        out[f"l{i}_o"] = state[attention + "o_proj.weight"]
+        if get(attention + "o_proj.bias") is not None:
+            out[f"l{i}_o_bias"] = state[attention + "o_proj.bias"]
+        out[f"l{i}_post_norm"] = state[prefix + "post_attention_layernorm.weight"]
+        out[f"l{i}_gate_up"] = torch.cat([state[mlp + "gate_proj.weight"], state[mlp + "up_proj.weight"]])
+        if get(mlp + "gate_proj.bias") is not None:
+            out[f"l{i}_gate_up_bias"] = torch.cat([state[mlp + "gate_proj.bias"], state[mlp + "up_proj.bias"]])
+        out[f"l{i}_down"] = state[mlp + "down_proj.weight"]
+        if get(mlp + "down_proj.bias") is not None:
+            out[f"l{i}_down_bias"] = state[mlp + "down_proj.bias"]
     return out
 
 

@@ -118,8 +118,11 @@ class VLLMRolloutEngine:
         batch.rollout_log_probs = log_probs.to(self.device) * batch.response_mask
         return batch
 
+    owns_weights = True  # vLLM holds its own copy: under FSDP it takes the gathered state, no whole copy is kept
+
     def sync_weights(self, model) -> None:
-        """Copy the actor's current parameters into vLLM's model, in memory, and drop KV computed with the old ones."""
+        """Copy the actor's current parameters (the model, or its whole state dict) into vLLM's model, in memory, and
+        drop KV computed with the old ones."""
         self._wake("weights")  # the KV cache stays asleep until generate(): less peak memory beside the trainer
         # LoRA: the merged weights under the base model's names (lora.rollout_weights), made one at a time as vLLM
         # takes them (in this process); else the state_dict itself

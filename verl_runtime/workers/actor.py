@@ -44,14 +44,18 @@ class ActorWorker:
         disable_dropout(self.model)
         self.model.eval()  # train() only inside update(), which gradient checkpointing needs
         parallel.broadcast_weights(self.model)
-        # Every rank generates its share of the rollout (see generate). Under FSDP each keeps a whole copy for it,
-        # refreshed in memory after each update; otherwise the engine samples from the trained model object itself.
+        # Every rank generates its share of the rollout (see generate). Under FSDP an engine that holds its own
+        # weights (vLLM, builtin's graph path) is made from the whole model before it is sharded and refreshed from
+        # the gathered state after each update; the others sample from a whole copy each rank keeps (4 bytes a
+        # parameter); unsharded, the engine samples from the trained model object itself.
         sharded = config.actor.strategy == "fsdp" and parallel.world_size() > 1
         self.rollout_model = copy.deepcopy(self.model) if sharded else None
+        self.rollout = self._make_rollout(config, tokenizer, device)
+        if sharded and getattr(self.rollout, "owns_weights", False) and not lora.is_lora(self.model):
+            self.rollout_model = None  # the engine has its copy (a LoRA state is merged from the whole model)
         if sharded:
             parallel.shard(self.model, offload_policy=config.actor.offload_policy)
         self.optimizer = optim.build_optimizer(self.model, config.actor, sharded=parallel.is_sharded(self.model))
-        self.rollout = self._make_rollout(config, tokenizer, device)
         self.rollout_rows = 0  # sequences this rank has generated (the tests count the ranks' shares)
         self.offload = offload.Offload.for_role(config.actor, device, sharded)
         self.offload.release({"model": self.model, "rollout_model": self.rollout_model, **self._engine_parts()},
@@ -265,14 +269,18 @@ class ActorWorker:
         return self.model if self.rollout_model is None else self.rollout_model
 
     def _sync_rollout(self) -> None:
-        """Hand the updated weights to the rollout engine in memory (engines with their own copy: vLLM, FSDP's)."""
+        """Hand the updated weights to the rollout engine in memory (engines with their own copy: vLLM, builtin's
+        graph path, FSDP's whole copy); sharded, an engine with its own copy takes the gathered state itself."""
         oom.note_weight_sync()
-        if self.rollout_model is not None or parallel.is_sharded(self.model):
+        source = self._rollout_weights()
+        if parallel.is_sharded(self.model):
             state = parallel.full_model_state(self.model)  # a collective: every rank takes part
             if self.rollout_model is not None:
                 self.rollout_model.load_state_dict(state)
+            else:
+                source = state
         if self.rollout is not None:
-            self.rollout.sync_weights(self._rollout_weights())
+            self.rollout.sync_weights(source)
 
     @register(ALL)
     @offload.phase(offload.STATE)

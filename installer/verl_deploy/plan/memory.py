@@ -214,8 +214,12 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     if lora:
         notes.append(f"LoRA rank {work.lora_rank}: {lora / 1e6:.1f}M adapter parameters train; the base stays frozen "
                      "(fp32, as the actor loads it), with no gradients or optimizer state")
-    if work.actor_sharded:
-        resident["rollout"] += 4 * P  # each rank's whole copy its rollout samples from
+    # under FSDP each rank keeps a whole copy to sample from, unless its engine holds weights of its own (vLLM, the
+    # builtin graph path), which takes the gathered state at each weight sync
+    engine_owns = work.rollout == "vllm" or (work.rollout == "builtin" and graphs)
+    whole_copy = work.actor_sharded and (lora > 0 or not engine_owns)
+    if whole_copy:
+        resident["rollout"] += 4 * P
     # every worker generates its share of the prompts (the largest share: a prompt's samples on one worker)
     rows_all = -(-work.batch_prompts // world) * work.n
     # verl_runtime/rollout/graph_decoder.py: the engine's own copy of the weights in the compute dtype, a static KV
@@ -226,7 +230,7 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
     vllm_fails = None
     # offload: on a GPU the offloaded parts leave every phase but the ones that bring them back (at); on the CPU the
     # device is host memory, so only the gradients param_offload frees outside the update leave
-    parts = _offloaded_parts(work, P, Pc, shard, cshard, graph_held, lora)
+    parts = _offloaded_parts(work, P, Pc, shard, cshard, graph_held, lora, whole_copy)
     if not cuda:
         parts = {name: part for name, part in parts.items() if part[0] == "gradients" and part[2]}
         if _offloads(work):
@@ -298,7 +302,7 @@ def _ours(work: Workload, shape: ModelShape, critic: ModelShape, lengths: Length
         rollout_extra = max(prefill, decode + casts)
 
     sampled_from = (() if work.rollout == "vllm" else ("rollout weights",) if graph_held
-                    else ("rollout copy",) if work.actor_sharded else ("actor weights",))
+                    else ("rollout copy",) if whole_copy else ("actor weights",))
     phases = [_phase("rollout", at(resident, *sampled_from), rollout_detail, rollout=rollout_extra)]
     share, mini_share = work.rows_per_gpu, work.mini_rows_per_gpu
     R, Pl = lengths.response, lengths.prompt
@@ -419,8 +423,8 @@ def _offloads(work: Workload) -> bool:
                 work.critic_param_offload, work.critic_optimizer_offload, work.critic_offload_policy))
 
 
-def _offloaded_parts(work: Workload, P: float, Pc: float, shard, cshard, graph_held: int = 0, lora: int = 0
-                     ) -> dict[str, tuple[str, float, bool]]:
+def _offloaded_parts(work: Workload, P: float, Pc: float, shard, cshard, graph_held: int = 0, lora: int = 0,
+                     whole_copy: bool = False) -> dict[str, tuple[str, float, bool]]:
     """Our runtime's parts in host memory between phases (verl_runtime/offload.py): name -> (component, bytes per
     GPU, whether the phases that use it bring it back). offload_policy on a sharded model is FSDP2's
     CPUOffloadPolicy: the shards stay in host memory and one unit at a time comes through (the weight copies);
@@ -439,7 +443,7 @@ def _offloaded_parts(work: Workload, P: float, Pc: float, shard, cshard, graph_h
 
     role("actor", shard(P + lora), work.actor_sharded, work.param_offload, work.optimizer_offload, work.offload_policy,
          shard(lora) if lora else None)
-    if work.actor_sharded and work.param_offload:
+    if whole_copy and work.param_offload:
         parts["rollout copy"] = ("rollout", 4 * P, True)  # each rank's whole copy, back for the rollout only
     if graph_held and (work.param_offload or work.offload_policy):
         parts["rollout weights"] = ("rollout", graph_held, True)  # the graph path's copy, KV cache and pool
