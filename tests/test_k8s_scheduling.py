@@ -138,14 +138,14 @@ def test_eight_gpus_are_sized_for_eight_gpus_with_shared_memory_inside_the_limit
     (["--gpus", "1"], "4", "34Gi", "2Gi"),
     ([], "2", "9Gi", "1Gi"),  # a CPU-only run schedules anywhere
     (["--gpus", "8", "--cpus", "48", "--memory", "400g", "--shm-size", "32g"], "48", "432Gi", "32Gi"),
-    (["--gpus", "2", "--cpus", "0.5", "--memory", "1536m"], "500m", "1536Mi", "4Gi"),
+    (["--gpus", "2", "--cpus", "0.5", "--memory", "9216m"], "500m", "9216Mi", "4Gi"),
 ])
 def test_flags_override_the_sizing_and_shared_memory_is_added_to_the_limit(flags, cpu, limit, shm):
     _, objects = render(*flags, config=REPO / "examples" / "quickstart.yaml")
     [pod] = pods(objects)
     resources = pod["containers"][0]["resources"]
-    if "--memory" in flags and flags[flags.index("--memory") + 1] == "1536m":
-        limit = "5632Mi"  # 1536Mi + 4Gi of /dev/shm
+    if "--memory" in flags and flags[flags.index("--memory") + 1] == "9216m":
+        limit = "13Gi"  # 9Gi + 4Gi of /dev/shm
     assert resources["requests"]["cpu"] == cpu and "cpu" not in resources["limits"]
     assert resources["requests"]["memory"] == resources["limits"]["memory"] == limit
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}} in pod["volumes"]

@@ -25,6 +25,7 @@ def invoke(*args, env=None):
 
 
 def test_docker_dry_run_is_a_docker_run_line_with_secrets_by_name_only(config, tmp_path):
+    (tmp_path / "hf").mkdir()  # --hf-cache names an existing cache
     result = invoke("run", config, "--target", "docker", "--dry-run", "--image", "verl-deploy:test",
                     "--gpus", "0,1", "--set", "trainer.total_training_steps=2", "--run-id", "demo",
                     "--runs-dir", tmp_path / "runs", "--hf-cache", tmp_path / "hf",

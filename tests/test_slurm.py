@@ -75,6 +75,57 @@ def test_each_container_mode_runs_the_trainer_in_the_image(tmp_path, container, 
         assert "docker-daemon://" in result.stdout and "docker://" in result.stdout
 
 
+@pytest.mark.parametrize("container", ["docker", "apptainer", "pyxis"])
+def test_a_containers_model_cache_is_on_the_shared_runs_directory_so_a_requeue_reuses_it(tmp_path, container):
+    """Not the container's own file system nor a tmpfs, which go with the job: every start (a requeue runs the same
+    script) and every run of the runs directory mounts the same cache."""
+    first, second = (cli("run", QUICKSTART, "--target", "slurm", "--container", container, "--runs-dir", tmp_path,
+                         "--run-id", run_id, "--dry-run") for run_id in ("sl-one", "sl-two"))
+    for result in (first, second):
+        assert result.exit_code == 0, result.output
+        trainer = next(line for line in result.stdout.splitlines() if "verl_runtime" in line and "train" in line)
+        assert f"{tmp_path / 'hf_cache'}:/cache/huggingface" in trainer
+        assert "--tmpfs /cache/huggingface" not in trainer
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing
+    shared = tmp_path / "team" / "hf"
+    chosen = cli("run", QUICKSTART, "--target", "slurm", "--container", container, "--hf-cache", shared,
+                 "--runs-dir", tmp_path, "--dry-run")
+    assert f"{shared}:/cache/huggingface" in chosen.stdout and "hf_cache" not in chosen.stdout
+
+
+def test_without_a_container_the_job_keeps_its_own_hf_home_or_the_one_given(tmp_path):
+    result = cli("run", QUICKSTART, "--target", "slurm", "--runs-dir", tmp_path, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert "HF_HOME" not in result.stdout and "hf_cache" not in result.stdout  # sbatch exports the submit env's
+    result = cli("run", QUICKSTART, "--target", "slurm", "--hf-cache", tmp_path / "hf", "--runs-dir", tmp_path,
+                 "--dry-run")
+    assert f"HF_HOME={tmp_path / 'hf'} " in result.stdout
+
+
+FAKE_SLURM = {  # a submit host's client commands, for what launch does before the job runs
+    "sinfo": "#!/bin/sh\necho 'debug*'\n",
+    "sbatch": "#!/bin/sh\necho 4242\n",
+    "squeue": "#!/bin/sh\nexit 0\n",
+}
+
+
+def test_the_cache_directory_is_there_before_the_job_mounts_it(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in FAKE_SLURM.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    runs = tmp_path / "runs"
+    result = cli("run", QUICKSTART, "--target", "slurm", "--container", "apptainer", "--runs-dir", runs,
+                 "--run-id", "sl-cache", "--detach", "--no-plan")
+    assert result.exit_code == 0, result.output
+    assert (runs / "hf_cache").is_dir()  # apptainer's --bind (and pyxis' mounts) refuse a missing source
+    assert f"{runs / 'hf_cache'}:/cache/huggingface" in (runs / "sl-cache" / JOB_SCRIPT).read_text()
+    listed = cli("runs", "--target", "slurm", "--runs-dir", runs, "--json")
+    assert "hf_cache" not in listed.stdout  # the cache is no run
+
+
 def test_partition_gpus_read_from_sinfo_gres():
     assert partition_gpus("(null)") == 0
     assert partition_gpus("gpu:8") == 8

@@ -172,6 +172,7 @@ def test_gpus_and_nodes_become_verl_s_world_keys():
 
 
 def test_docker_dry_run_starts_main_ppo_in_the_run_directory_without_secret_values(tmp_path):
+    (tmp_path / "hf").mkdir()  # --hf-cache names an existing cache
     result = run("--runtime", "verl", "--gpus", "2", "--variant", "cu130", "--dry-run", "--runs-dir", str(tmp_path),
                  "--run-id", "grpo", "--hf-cache", str(tmp_path / "hf"), "--", *EXAMPLE, env={"HF_TOKEN": SECRET})
     assert result.exit_code == 0, result.output

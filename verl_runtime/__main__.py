@@ -78,6 +78,8 @@ def _refuse_empty(config_path: str) -> None:
     without a word, where a config was meant."""
     import yaml
 
+    if config_path is None:  # verl's command line (main_ppo): no file, its keys alone
+        return
     path = Path(config_path)
     try:
         empty = path.is_file() and yaml.safe_load(path.read_text(encoding="utf-8", errors="replace")) is None

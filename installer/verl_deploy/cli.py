@@ -366,6 +366,8 @@ def plan(
         config, overrides = config_and_overrides(args or [], overrides, runtime)
         if verl_source:
             overrides = [*_source_defaults(verl_source, runtime), *overrides]  # the command line's win
+        if gpu_type and gpu_memory and (note := _gpu_memory_of_type(gpu_type, gpu_memory)):
+            typer.echo(note, err=True)
         result = make_plan(config, overrides, runtime=runtime, gpus=gpus_of(gpus), nodes=nodes, gpu_type=gpu_type,
                            gpu_memory=gpu_memory, prompt_length=prompt_length, response_length=response_length)
     except (PlanError, LaunchError, ValueError) as exc:
@@ -382,6 +384,28 @@ def plan(
         for item in to_renderables(result):
             console.print(item)
     raise typer.Exit(result.exit_code)
+
+
+def _gpu_memory_of_type(gpu_type: str, gpu_memory: str) -> str | None:
+    """`plan --gpu-type T --gpu-memory M`: M is planned for, on T's name. Less than T's board holds is a real case (a
+    MIG slice, a GPU shared with other work): one note says which memory is used. More than the board holds cannot
+    be: LaunchError. None when they agree (within the GiB gpu_types.yaml rounds to), or when either is not
+    understood (the planner says so)."""
+    from verl_deploy import gpu_types, sizes
+    from verl_deploy.launchers import LaunchError
+
+    try:
+        gpu, size = gpu_types.lookup(gpu_type), sizes.parse_size("--gpu-memory", gpu_memory, "80g")
+    except ValueError:
+        return None
+    board = gpu.memory_gib * sizes.GiB
+    if size > board + sizes.GiB:
+        raise LaunchError(f"--gpu-memory {gpu_memory} is more than the {gpu.name}'s {gpu.memory_gib} GiB: drop "
+                          f"--gpu-memory to plan for the whole {gpu.name}, or --gpu-type for a GPU of {gpu_memory}")
+    if size >= board:
+        return None
+    return (f"note: planning for --gpu-memory {gpu_memory} ({size / sizes.GiB:.1f} GiB) of the {gpu.name}'s "
+            f"{gpu.memory_gib} GiB (a MIG slice, or a GPU shared with other work); --gpu-type alone plans for all of it")
 
 
 @app.command()

@@ -51,6 +51,27 @@ def parse_memory(text: str | int | None) -> int | None:
     return size
 
 
+# The least host memory a trainer beside one GPU runs in: torch's CUDA libraries and context take 2-3 GiB resident
+# before any model, and the model's weights pass through host memory on their way to the GPU. A limit below it is
+# killed at start-up, not saved by training slower.
+MIN_MEMORY_PER_GPU = 4 * GiB
+
+
+def check_gpu_memory(text, memory: int | None, gpus: Gpus) -> None:
+    """SizeError (one line, with the least that can work) for a --memory below MIN_MEMORY_PER_GPU for each GPU of a
+    node (--gpus all: at least one)."""
+    if memory is None or not gpus.wanted:
+        return
+    count = gpus.number or 1
+    least = MIN_MEMORY_PER_GPU * count
+    if memory < least:
+        per_gpu = f" ({docker_size(MIN_MEMORY_PER_GPU)} per GPU)" if count > 1 else ""
+        raise SizeError(f"--memory {str(text)!r} is below the {docker_size(least)} a run on {count} GPU"
+                        f"{'s' * (count > 1)} needs at least{per_gpu}: torch's CUDA libraries and context, and the "
+                        f"weights on their way to the GPU: give --memory {docker_size(least)} or more (on k8s and "
+                        "Slurm the limit is --memory plus /dev/shm, --shm-size)")
+
+
 def parse_cpus(value: float | str | None) -> float | None:
     """--cpus: a positive number of cores (fractions allowed: 0.5)."""
     if value is None:
@@ -106,6 +127,10 @@ def parse_gpus(text: str | None) -> Gpus:
     ids = tuple(part.strip() for part in text.removeprefix("device=").split(",") if part.strip())
     if not ids or not all(i.isdigit() or i.startswith(("GPU-", "MIG-")) for i in ids):
         raise SizeError(f"--gpus {text!r} is not understood: use all, a count (2), indices (0,1) or UUIDs (GPU-...)")
+    twice = sorted({i for i in ids if ids.count(i) > 1}, key=ids.index)
+    if twice:  # one device counted twice: two workers on one GPU, and Docker's device=0,0
+        raise SizeError(f"--gpus {text!r} names a GPU more than once ({', '.join(twice)}): name each GPU once, "
+                        f"e.g. --gpus {','.join(dict.fromkeys(ids))}, or say how many: --gpus {len(ids)}")
     return Gpus(device_ids=ids)
 
 

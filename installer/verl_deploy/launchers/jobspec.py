@@ -271,9 +271,24 @@ def config_file(config: str | Path | None) -> Path:
     return path
 
 
+    refuse_empty(path)
 def check_overrides(overrides) -> tuple[str, ...]:
     """KEY=VALUE overrides as the runtime takes them (verl's `+key=value` is `key=value` here); LaunchError (one
     line) for one that is not KEY=VALUE."""
+def refuse_empty(path: Path) -> None:
+    """LaunchError (one line) for a CONFIG file with no settings (empty, comments only, `null`): it would train on
+    the defaults without a word, where the user meant to give a config."""
+    import yaml
+
+    try:
+        empty = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace")) is None
+    except yaml.YAMLError:
+        return  # not YAML: the config's loader says where
+    if empty:
+        raise LaunchError(f"CONFIG {path} is empty: give it the run's settings (examples/quickstart.yaml is one), or "
+                          "leave CONFIG out for the defaults with overrides after -- (`-- KEY=VALUE ...`)")
+
+
     for override in overrides:
         if "=" not in override:
             hint = " (dropping a key, ~key, is for python -m verl_runtime.main_ppo)" if override.startswith("~") else ""
@@ -493,11 +508,17 @@ def build_spec(
     with sizes_checked():  # the same one-line errors on every target: the values are parsed once, here
         nodes = sizes.parse_nodes(nodes)
         cpus, memory = sizes.parse_cpus(cpus), sizes.parse_memory(memory)
-        shm_size = None if ipc_host else sizes.parse_size("--shm-size", shm_size, "16g")
+    memory_given = memory
+        shm_size = sizes.parse_size("--shm-size", shm_size, "16g")
         data_size = sizes.parse_size("--data-size", data_size, "100g")
     if runtime != compat.DEFAULT_RUNTIME:
         if config is not None:
             raise LaunchError(f"--runtime {runtime} takes no CONFIG file: verl's config is its overrides, "
+    if ipc_host and shm_size is not None:
+        raise LaunchError(f"--ipc-host and --shm-size {sizes.docker_size(shm_size)} contradict: --ipc-host shares the "
+                          "host's /dev/shm (the host's size), --shm-size gives the run one of its own: keep "
+                          f"--shm-size {sizes.docker_size(shm_size)} (a /dev/shm of that size, the run's alone), or "
+                          "--ipc-host alone where its containers must share the host's memory")
                               "`verl-deploy run --runtime verl -- KEY=VALUE ...`")
         try:
             config_path, overrides = None, verl_command.check_overrides(overrides)
@@ -514,8 +535,14 @@ def build_spec(
     if data_dir is not None and not Path(data_dir).is_dir():
         raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
     for option, claim in (("--data", data_claim), ("--hf-cache", cache_claim), ("--storage-class", storage_class)):
+    with sizes_checked():  # the GPUs are known now: --gpus, or the config's
+        sizes.check_gpu_memory(memory_given, memory, gpus)
         if claim is not None and (len(claim) > 253 or not _DNS_NAME.match(claim)):
             raise LaunchError(f"{option} {claim!r}: on Kubernetes it names a PersistentVolumeClaim (or storage class), "
+    instead = {"--data": "copy the data into a claim and pass its name (`kubectl get pvc`)",
+               "--hf-cache": "pass a claim's name (`kubectl get pvc`; ReadWriteMany shares it between runs), or leave "
+                             "it out: the run gets its own <run>-hf-cache",
+               "--storage-class": "pass a storage class's name (`kubectl get storageclass`)"}
                               "not a folder: copy the data into a claim and pass its name (`kubectl get pvc`)")
     run_id = check_run_id(run_id or new_run_id(config_path or Path(runtime)))
     environ = os.environ if environ is None else environ

@@ -77,7 +77,8 @@ class LocalLauncher:
                                   "only: run it on a GPU host or cluster (--target k8s, slurm), or train on this CPU "
                                   "with our runtime (drop --runtime verl)")
             return {**host_verl.environment(spec), **visible_devices(spec.gpus, found)}  # verl checks its torch
-        return {**host_gpu_env(spec.gpus), **spec.env}
+        cache = {"HF_HOME": str(spec.hf_cache)} if spec.hf_cache else {}  # --hf-cache: this host's folder
+        return {**host_gpu_env(spec.gpus), **cache, **spec.env}
 
     def dry_run(self, spec: JobSpec) -> str:
         env = " ".join(f"{key}={shlex.quote(value)}" for key, value in self.environment(spec).items()
@@ -122,7 +123,7 @@ class LocalLauncher:
     def _run_dir(self, run_id: str) -> Path:
         run_dir = self.runs_root / run_id
         if runs.read_record(run_dir).get("target") != self.target:
-            raise LaunchError(f"no local run {run_id!r} under {self.runs_root}: `verl-deploy runs` lists the runs")
+            raise LaunchError(runs.not_found(run_id, self.runs_root, self.target))
         return run_dir
 
     def _running(self, run_dir: Path) -> bool:

@@ -16,7 +16,7 @@ from typing import Mapping
 
 from verl_deploy import compat, runs
 from verl_deploy.launchers.jobspec import (
-    JobSpec, LaunchError, build_spec, check_overrides, check_paths, cluster_options, gpus_of, parse_env,
+    JobSpec, LaunchError, build_spec, check_overrides, check_paths, cluster_options, gpus_of, parse_env, refuse_empty,
 )
 
 
@@ -78,6 +78,7 @@ RESUMED_FLAGS = ("variant", "env", "cpus", "memory", "shm_size", "ipc_host", "da
                  "storage_class", "namespace", "node_selector", "gpu_type", "priority_class", "service_account",
                  "image_pull_secrets", "image_preloaded", "grace_period")
 _FLAG_NAMES = {"image_pull_secrets": "--image-pull-secret"}  # the CLI's singular, repeatable option
+_EXCLUSIVE = (("ipc_host", "shm_size"), ("shm_size", "ipc_host"))  # (given now, the recorded one it replaces)
 
 
 def given_flags(request: RunRequest) -> dict:
@@ -99,8 +100,12 @@ def resumed_request(request: RunRequest, record: dict) -> tuple[RunRequest, list
     given = given_flags(request)
     changes = [f"{_FLAG_NAMES.get(name, '--' + name.replace('_', '-'))}: {recorded.get(name)} -> {value}"
                for name, value in given.items() if recorded.get(name) != value]
+    # One of two flags that exclude each other, given now, replaces the other one recorded (build_spec refuses both).
+    replaced = {other for name, other in _EXCLUSIVE if name in given and recorded.get(other) not in (None, False)}
+    changes += [f"--{other.replace('_', '-')}: {recorded[other]} -> dropped (--{name.replace('_', '-')} given)"
+                for name, other in _EXCLUSIVE if other in replaced and name in given]
     restored = {name: tuple(value) if isinstance(value, list) else value
-                for name, value in recorded.items() if name in RESUMED_FLAGS and name not in given}
+                for name, value in recorded.items() if name in RESUMED_FLAGS and name not in given.keys() | replaced}
     return dataclasses.replace(request, **restored), changes
 
 
@@ -134,6 +139,8 @@ def config_and_overrides(args, settings, runtime: str = compat.DEFAULT_RUNTIME) 
     args, config = list(args), None
     if args and "=" not in args[0] and not args[0].startswith(("+", "~")):
         config, args = Path(args[0]), args[1:]
+        if config.expanduser().is_file():  # a missing one: each reader says so in its words
+            refuse_empty(config.expanduser())
     check = check_overrides if runtime == compat.DEFAULT_RUNTIME else verl_command.check_overrides
     return config, list(check([*settings, *args]))
 
@@ -145,6 +152,9 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
 
     environ = os.environ if environ is None else environ
     runtime, resume, flag_changes = request.runtime, request.resume, []
+    if resume and request.run_id not in (None, resume):
+        raise LaunchError(f"--resume {resume} continues run {resume} under its own id: drop --run-id "
+                          f"{request.run_id} (a new run named {request.run_id}: leave out --resume)")
     if resume:
         record = runs.read_record(runs_root / resume)
         request, flag_changes = resumed_request(request, record)
@@ -171,6 +181,11 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
                               request.service_account, request.image_pull_secrets, request.image_preloaded,
                               request.grace_period)
     hf_cache = request.hf_cache
+    if hf_cache is not None and target in ("local", "docker") and not Path(hf_cache).expanduser().is_dir():
+        # a typo would become a fresh, empty cache (Docker: a directory created as root): every model downloaded again
+        default = environ.get("HF_HOME", "~/.cache/huggingface")
+        raise LaunchError(f"--hf-cache {hf_cache!r} is not a directory on this host: point it at your Hugging Face "
+                          f"cache (without it: {default}), or create it first (mkdir -p {hf_cache})")
     if hf_cache is None and target == "docker":
         hf_cache = environ.get("HF_HOME", "~/.cache/huggingface")
     # On Kubernetes, --data and --hf-cache name claims; elsewhere they are host directories.

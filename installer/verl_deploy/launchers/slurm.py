@@ -14,6 +14,12 @@ again and the trainer resumes from its last checkpoint (trainer.resume=auto).
 
 The script writes job-exit.json when its trainer ends: the run's state once the job has left squeue, with no
 accounting database needed.
+
+The Hugging Face cache outlives the job. In a container it is a directory on the shared storage every node mounts:
+--hf-cache PATH, else CACHE_DIR_NAME under the runs directory (which the nodes share anyway), bind-mounted at the
+image's HF_HOME, so a requeue, a resumed run and the next run read the models downloaded before (a container's own
+file system, or a tmpfs, would be thrown away with the job). --container none keeps the job's own HF_HOME (the
+submit environment's, which sbatch exports; else ~/.cache/huggingface), or --hf-cache PATH.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ SIGNAL_WARNING_S = 120
 # squeue's states: those still to run, and those running; any other is an end (COMPLETED, FAILED, CANCELLED, ...).
 PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED"}
 RUNNING_STATES = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESIZING"}
+# The containers' Hugging Face cache under the runs directory when --hf-cache names none: never a run id (those are
+# DNS labels, without '_'), so `runs` never takes it for a run.
+CACHE_DIR_NAME = "hf_cache"
 _TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^\d+-\d+$")  # sbatch's --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 
 
@@ -79,6 +88,14 @@ def _gpus_per_node(spec: JobSpec) -> int:
 def job_size(spec: JobSpec) -> sizes.PodSize:
     """A node's share for the job: sized from its GPUs as a Kubernetes pod is (sizes.pod_size)."""
     return sizes.pod_size(_gpus_per_node(spec), spec.cpus, spec.memory, spec.shm_size)
+
+
+def with_cache(spec: JobSpec, options: SlurmOptions) -> JobSpec:
+    """The spec with the host directory a container's Hugging Face cache lives in (see the module's doc): --hf-cache,
+    else CACHE_DIR_NAME beside the run directory. --container none is left as it is (the job's own HF_HOME)."""
+    if options.mode == "none" or spec.hf_cache is not None:
+        return spec
+    return dataclasses.replace(spec, hf_cache=spec.run_dir.parent / CACHE_DIR_NAME)
 
 
 # --- the batch script -------------------------------------------------------------------------------------------
@@ -214,6 +231,7 @@ def _expand(line: str) -> str:
 
 def batch_script(spec: JobSpec, options: SlurmOptions) -> str:
     """The whole batch script (pure: what `--dry-run` prints is what sbatch gets)."""
+    spec = with_cache(spec, options)
     env = _venv_env(spec) if options.mode == "none" else dict(spec.env)
     exit_file = spec.run_dir / JOB_EXIT
     lines = [
@@ -352,6 +370,7 @@ class SlurmLauncher:
 
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
         options = self._options(spec)
+        spec = with_cache(spec, options)
         script = batch_script(spec, options)
         record = runs.read_record(spec.run_dir)
         if record.get("job_id") and job_state(record["job_id"]) in PENDING_STATES | RUNNING_STATES:
@@ -361,8 +380,10 @@ class SlurmLauncher:
         if options.mode == "docker":  # the container's user (never root) must own the run directory
             from verl_deploy.launchers.docker import _prepare_run_dir
 
-            _prepare_run_dir(spec)
+            _prepare_run_dir(spec)  # the cache directory too, where it is new
         spec.run_dir.mkdir(parents=True, exist_ok=True)
+        if spec.hf_cache is not None and options.mode != "none":  # a bind mount's source must exist
+            spec.hf_cache.mkdir(parents=True, exist_ok=True)
         (spec.run_dir / JOB_EXIT).unlink(missing_ok=True)
         path = spec.run_dir / JOB_SCRIPT
         path.write_text(script)
