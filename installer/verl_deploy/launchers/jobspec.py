@@ -36,6 +36,8 @@ HUB_ENV = ("HF_ENDPOINT", "HF_HUB_OFFLINE")
 TRACKER_ENV = ("WANDB_MODE", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_RUN_GROUP", "WANDB_TAGS",
                "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_INSECURE_TLS",
                "SWANLAB_MODE", "SWANLAB_WORKSPACE", "SWANLAB_LOG_DIR")
+# The run's id in its container: a stopped trainer says `verl-deploy run --resume RUN` (verl_runtime/trainer.py).
+RUN_ID_ENV = "VERL_DEPLOY_RUN_ID"
 PLAN_ENV = "VERL_DEPLOY_PLAN"  # run's pre-flight plan, compact JSON, for the trainer's out-of-memory line (docs/plan.md)
 
 # The config of a run given no CONFIG file, only overrides (verl's way): our defaults, then the overrides.
@@ -211,7 +213,8 @@ class JobSpec:
     def container_env(self) -> dict[str, str]:
         """Non-secret environment for the container (secrets are added by name by each launcher)."""
         upstream_env = verl_command.environment(self.container_run_dir) if self.upstream else {}
-        return {"HF_HOME": CACHE_DIR, "HOME": "/tmp", "PYTHONUNBUFFERED": "1", **upstream_env, **self.env}
+        return {"HF_HOME": CACHE_DIR, "HOME": "/tmp", "PYTHONUNBUFFERED": "1", RUN_ID_ENV: self.run_id,
+                **upstream_env, **self.env}
 
     @property
     def mounts(self) -> list[Mount]:
@@ -268,13 +271,10 @@ def config_file(config: str | Path | None) -> Path:
     path = Path(config).expanduser()
     if not path.is_file():
         raise LaunchError(f"config file {str(config)!r} does not exist: pass a YAML file such as examples/quickstart.yaml")
+    refuse_empty(path)
     return path
 
 
-    refuse_empty(path)
-def check_overrides(overrides) -> tuple[str, ...]:
-    """KEY=VALUE overrides as the runtime takes them (verl's `+key=value` is `key=value` here); LaunchError (one
-    line) for one that is not KEY=VALUE."""
 def refuse_empty(path: Path) -> None:
     """LaunchError (one line) for a CONFIG file with no settings (empty, comments only, `null`): it would train on
     the defaults without a word, where the user meant to give a config."""
@@ -289,6 +289,9 @@ def refuse_empty(path: Path) -> None:
                           "leave CONFIG out for the defaults with overrides after -- (`-- KEY=VALUE ...`)")
 
 
+def check_overrides(overrides) -> tuple[str, ...]:
+    """KEY=VALUE overrides as the runtime takes them (verl's `+key=value` is `key=value` here); LaunchError (one
+    line) for one that is not KEY=VALUE."""
     for override in overrides:
         if "=" not in override:
             hint = " (dropping a key, ~key, is for python -m verl_runtime.main_ppo)" if override.startswith("~") else ""
@@ -505,20 +508,20 @@ def build_spec(
     (verl's way: NO_CONFIG). Overrides are `key=value` (verl's `+key=value` too); gpus is --gpus parsed (gpus_of; None: not given);
     --gpus/--nodes not given come from verl's trainer.n_gpus_per_node/trainer.nnodes (derive_world). The world
     size is resolved here, once: JobSpec.world_size."""
+    memory_given = memory
     with sizes_checked():  # the same one-line errors on every target: the values are parsed once, here
         nodes = sizes.parse_nodes(nodes)
         cpus, memory = sizes.parse_cpus(cpus), sizes.parse_memory(memory)
-    memory_given = memory
         shm_size = sizes.parse_size("--shm-size", shm_size, "16g")
         data_size = sizes.parse_size("--data-size", data_size, "100g")
-    if runtime != compat.DEFAULT_RUNTIME:
-        if config is not None:
-            raise LaunchError(f"--runtime {runtime} takes no CONFIG file: verl's config is its overrides, "
     if ipc_host and shm_size is not None:
         raise LaunchError(f"--ipc-host and --shm-size {sizes.docker_size(shm_size)} contradict: --ipc-host shares the "
                           "host's /dev/shm (the host's size), --shm-size gives the run one of its own: keep "
                           f"--shm-size {sizes.docker_size(shm_size)} (a /dev/shm of that size, the run's alone), or "
                           "--ipc-host alone where its containers must share the host's memory")
+    if runtime != compat.DEFAULT_RUNTIME:
+        if config is not None:
+            raise LaunchError(f"--runtime {runtime} takes no CONFIG file: verl's config is its overrides, "
                               "`verl-deploy run --runtime verl -- KEY=VALUE ...`")
         try:
             config_path, overrides = None, verl_command.check_overrides(overrides)
@@ -532,18 +535,18 @@ def build_spec(
         loaded = load_checked(config_path, overrides)  # its warnings (verl keys without effect here) shown once
         gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
         reward_file, reward_name = host_reward_file(check_config(loaded, gpus, nodes).reward.function)
-    if data_dir is not None and not Path(data_dir).is_dir():
-        raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
-    for option, claim in (("--data", data_claim), ("--hf-cache", cache_claim), ("--storage-class", storage_class)):
     with sizes_checked():  # the GPUs are known now: --gpus, or the config's
         sizes.check_gpu_memory(memory_given, memory, gpus)
-        if claim is not None and (len(claim) > 253 or not _DNS_NAME.match(claim)):
-            raise LaunchError(f"{option} {claim!r}: on Kubernetes it names a PersistentVolumeClaim (or storage class), "
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
     instead = {"--data": "copy the data into a claim and pass its name (`kubectl get pvc`)",
                "--hf-cache": "pass a claim's name (`kubectl get pvc`; ReadWriteMany shares it between runs), or leave "
                              "it out: the run gets its own <run>-hf-cache",
                "--storage-class": "pass a storage class's name (`kubectl get storageclass`)"}
-                              "not a folder: copy the data into a claim and pass its name (`kubectl get pvc`)")
+    for option, claim in (("--data", data_claim), ("--hf-cache", cache_claim), ("--storage-class", storage_class)):
+        if claim is not None and (len(claim) > 253 or not _DNS_NAME.match(claim)):
+            what = "a storage class" if option == "--storage-class" else "a PersistentVolumeClaim"
+            raise LaunchError(f"{option} {claim!r}: on Kubernetes it names {what}, not a folder: {instead[option]}")
     run_id = check_run_id(run_id or new_run_id(config_path or Path(runtime)))
     environ = os.environ if environ is None else environ
     env = {**{name: environ[name] for name in (*HUB_ENV, *TRACKER_ENV) if environ.get(name)}, **(env or {})}
