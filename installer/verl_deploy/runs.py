@@ -451,6 +451,17 @@ def direct_run_ids(runs_root: Path) -> list[str]:
     return sorted(p.name for p in Path(runs_root).iterdir() if p.is_dir() and is_direct_run(p))
 
 
+def not_found(run_id: str, runs_root: Path, target: str, beside: str = "") -> str:
+    """One line for a run `target`'s launcher does not know, saying what is true: that it is another target's run
+    (recorded in its run directory; --target named the wrong one), or that there is no such run at all (`beside`: what
+    else was looked in, e.g. the Docker engine's containers)."""
+    found = target_of(Path(runs_root) / run_id)
+    if found and found != target:
+        return (f"run {run_id!r} is a {found} run, not a {target} one: leave out --target (the run's own is "
+                f"recorded) or give --target {found}")
+    return f"no run {run_id!r} under {runs_root}{beside}: `verl-deploy runs` lists the runs"
+
+
 def in_use(run_id: str, run_dir: Path) -> str | None:
     """One line when a live trainer holds run_dir (a local one, or one in a container), else None."""
     holder = rundir.holder(run_dir)

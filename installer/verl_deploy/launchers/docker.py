@@ -408,16 +408,23 @@ class DockerLauncher:
             self._engine = client()
         return self._engine
 
-    def _live_engine(self):
-        """The engine, or None when it does not answer (said once): status and runs then show the record."""
+    def _live_engine(self, quiet: bool = False):
+        """The engine, or None when it does not answer (said once, unless quiet: a run this root has no record of
+        is then said not to exist, in one line): status and runs then show the record."""
         if self._engine is None and not self._warned:
             try:
                 self._engine = _connect()
             except Exception as exc:  # any failure means: no usable engine
                 self._warned = True
-                print(f"warning: Docker engine not reachable ({type(exc).__name__}): docker runs shown as last "
-                      "recorded", file=sys.stderr)
+                if not quiet:
+                    print(f"warning: Docker engine not reachable ({type(exc).__name__}): docker runs shown as last "
+                          "recorded", file=sys.stderr)
         return self._engine
+
+    def _not_found(self, run_id: str) -> LaunchError:
+        """A run neither recorded under the runs root as a Docker run nor with a container on this engine."""
+        beside = ", nor a container of it on this Docker engine" if self._engine is not None else ""
+        return LaunchError(runs.not_found(run_id, self.runs_root, self.target, beside))
 
     def _run_containers(self, engine, run_id: str) -> list:
         """The containers this launcher made for the run (compose's carry the run-id label too: never touched)."""
@@ -633,12 +640,13 @@ class DockerLauncher:
                                runs.state_of(record.get("exit_code"), bool(record.get("stop_asked_at"))))
 
     def status(self, run_id: str) -> RunStatus:
-        engine = self._live_engine()
+        recorded = self._recorded(run_id)
+        engine = self._live_engine(quiet=not recorded)
         container = self._trainer(engine, run_id) if engine is not None else None
         if container is not None:
             return self._observe(engine, run_id, container)
-        if not self._recorded(run_id):
-            raise LaunchError(f"no Docker run {run_id!r} under {self.runs_root}: `verl-deploy runs` lists the runs")
+        if not recorded:
+            raise self._not_found(run_id)
         return self._from_record(self.runs_root / run_id, unreachable=engine is None)
 
     def list(self) -> list[RunStatus]:
@@ -656,10 +664,13 @@ class DockerLauncher:
     # --- logs, stop ----------------------------------------------------------------------------------------------
 
     def logs(self, run_id: str, follow: bool = False) -> Iterator[str]:
-        engine = self._live_engine()
+        recorded = self._recorded(run_id)
+        engine = self._live_engine(quiet=not recorded)
         container = self._trainer(engine, run_id) if engine is not None else None
         if container is None:  # removed once it ended: the runtime's own copy of its console
             path = self.runs_root / run_id / TRAIN_LOG
+            if not recorded:
+                raise self._not_found(run_id)
             if not path.is_file():
                 raise LaunchError(f"no Docker container and no {TRAIN_LOG} for run {run_id!r}: "
                                   "`verl-deploy runs` lists the runs")
@@ -673,11 +684,13 @@ class DockerLauncher:
 
     def stop(self, run_id: str) -> str | None:
         """SIGTERM to the trainer first (it checkpoints), then to any Ray workers; then record how it ended."""
+        if not self._recorded(run_id):  # a container of a run kept under another runs root, or nothing
+            engine = self._live_engine(quiet=True)
+            if engine is None or self._trainer(engine, run_id) is None:
+                raise self._not_found(run_id)
         engine = self.engine()
         container = self._trainer(engine, run_id)
         if container is None:
-            if not self._recorded(run_id):
-                raise LaunchError(f"no Docker run {run_id!r} under {self.runs_root}: `verl-deploy runs` lists the runs")
             ended = self._from_record(self.runs_root / run_id)
             return f"run {run_id} is not running ({ended.state}): nothing to stop"
         if container.status == "running":
@@ -705,7 +718,7 @@ class DockerLauncher:
         """Remove a run that has ended: what it left with the engine (containers, network, secrets: a detached run
         keeps them until its end is recorded) and its run directory. A running one is refused: `stop` checkpoints
         it first. `confirm(items)` sees what will go before anything does, and raises to keep it all."""
-        engine = self._live_engine()
+        engine = self._live_engine(quiet=not self._recorded(run_id))
         containers = self._run_containers(engine, run_id) if engine is not None else []
         if any(c.status in ("running", "restarting", "paused") for c in containers):
             raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
@@ -713,7 +726,7 @@ class DockerLauncher:
         if runs.trainer_holds(run_dir):  # a trainer this engine does not label (or a local one) still writes there
             raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
         if not containers and not self._recorded(run_id):
-            raise LaunchError(f"no Docker run {run_id!r} under {self.runs_root}: `verl-deploy runs` lists the runs")
+            raise self._not_found(run_id)
         if engine is None and not runs.read_record(run_dir).get("finished_at"):
             raise LaunchError(f"the Docker engine does not answer, so whether run {run_id} still runs is unknown: "
                               "start dockerd, then remove it")
