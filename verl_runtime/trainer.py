@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -163,8 +165,11 @@ class SingleControllerTrainer:
                     self.global_step = step
                     if step == total or stop.signum or (cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0):
                         self.save(run_dir, step)
-                    if stop.signum:
-                        stop.exit_after(step)
+                    if stop.signum and step < total:
+                        stop.exit_after(step, run_dir)
+                if stop.signum:  # it came during the last step, which completed: the run is finished, not stopped
+                    print(f"[INFO] {signal.Signals(stop.signum).name} came during the last step, which completed: "
+                          "finishing the run", flush=True)
         finally:
             writer.close()
         if cfg.trainer.save_hf:
@@ -568,14 +573,30 @@ def timer(name: str, timing: dict):
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+# Set by verl-deploy's launchers in a run's container (launchers/jobspec.py: JobSpec.container_env).
+RUN_ID_ENV = "VERL_DEPLOY_RUN_ID"
+
+
+def continue_command(run_dir) -> str:
+    """What continues a stopped run: `verl-deploy run --resume RUN` where verl-deploy started it (its container's
+    RUN_ID_ENV, its launch record in the run directory, or the plan it passes), else the same command again."""
+    run_id = os.environ.get(RUN_ID_ENV)
+    if run_dir is not None and not run_id:
+        launched = (Path(run_dir) / rundir.LAUNCH_RECORD).is_file() or oom.PLAN_ENV in os.environ
+        run_id = Path(run_dir).name if launched else None
+    if run_id:
+        return f"`verl-deploy run --resume {run_id}` continues it"
+    return "run the same command again to continue (trainer.resume=auto, the default, takes the checkpoint up)"
+
+
 class _StopRequest:
     signum: int | None = None
 
-    def exit_after(self, step: int) -> None:
+    def exit_after(self, step: int, run_dir=None) -> None:
         """Leave the loop as the signal asked (its checkpoint is saved): KeyboardInterrupt, or exit 128 + signum."""
         name = signal.Signals(self.signum).name
-        print(f"[INFO] {name}: stopped after step {step}; the checkpoint is saved, "
-              "run again with trainer.resume=auto to continue", flush=True)
+        print(f"[INFO] {name}: stopped after step {step}; the checkpoint is saved: {continue_command(run_dir)}",
+              flush=True)
         if self.signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise SystemExit(128 + self.signum)
