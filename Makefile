@@ -37,9 +37,27 @@ $(MLFLOW): installer/constraints.txt | $(BIN)/.installed-test
 
 setup: $(BIN)/.installed-test $(CHECKOV) $(MLFLOW)
 
+# A quickstart run that has finished is not started again only to find nothing to do: one line says so and how to
+# train it again (`make quickstart AGAIN=1`: from step 1). An unfinished one (stopped, or more steps asked) continues.
+QUICKSTART := examples/quickstart.yaml
+define QUICKSTART_FINISHED
+import sys
+from verl_deploy import runs
+from verl_runtime.config import load_config
+config = load_config("$(QUICKSTART)", warn=False)
+run, total = config.run_dir, config.trainer.total_training_steps
+step = runs.last_metrics(run).get("step")
+if runs.direct_state(run)[0] != "succeeded" or step is None or (total and step < total):
+    sys.exit(1)
+print(f"{run} already finished (step {step} of {total or step}): `$(BIN)/verl-deploy report {run}` charts it; "
+      "`make quickstart AGAIN=1` trains it again from step 1")
+endef
+export QUICKSTART_FINISHED
+
 quickstart: $(BIN)/.installed-runtime
-	-$(BIN)/verl-deploy doctor
-	$(BIN)/python -m verl_runtime train examples/quickstart.yaml
+	@if [ -z "$(AGAIN)" ] && $(BIN)/python -c "$$QUICKSTART_FINISHED" 2>/dev/null; then exit 0; fi; \
+	echo "$(BIN)/verl-deploy doctor"; $(BIN)/verl-deploy doctor; \
+	set -x; $(BIN)/python -m verl_runtime train $(QUICKSTART)$(if $(AGAIN), --set trainer.resume=disable)
 
 test: setup
 	BIN=$(BIN) tests/run_lanes.sh
