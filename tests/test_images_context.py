@@ -215,13 +215,16 @@ def test_registry_failures_read_as_one_line_with_what_to_do(ref, message, expect
     assert expected in line and "\n" not in line
 
 
-def test_bad_build_input_is_one_line_and_exit_1(tmp_path):
+def test_bad_build_input_is_one_line_and_exit_2_as_every_command_s(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["images", "build", "--variant", "cu999"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "unknown variant 'cu999': choose one of cpu, cu128" in result.output
     result = runner.invoke(app, ["images", "build", "--variant", "cpu", "--wheelhouse", str(tmp_path / "none")])
-    assert result.exit_code == 1 and "is not a directory" in result.output
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [
+        f"error: --wheelhouse {tmp_path / 'none'} is not a directory"]
+    result = runner.invoke(app, ["images", "build", "--variant", "cpu", "--ca-bundle", str(tmp_path / "none.pem")])
+    assert result.exit_code == 2 and "--ca-bundle" in result.output and len(result.output.strip().splitlines()) == 1
     assert "Traceback" not in result.output
 
 
@@ -239,7 +242,7 @@ def test_unknown_variant_is_an_image_error():
 
 def test_pull_without_a_registry_says_where_images_come_from():
     result = CliRunner().invoke(app, ["images", "pull", "--variant", "cpu"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad input, as on every command
     assert result.output.startswith("error: no registry publishes verl-deploy images: pass --registry")
 
 

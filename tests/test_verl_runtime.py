@@ -103,17 +103,17 @@ def test_auto_on_an_old_driver_names_the_driver_verl_needs(monkeypatch, tmp_path
     path.write_text(json.dumps(reading))
     monkeypatch.setenv("VERL_DEPLOY_NVML_READING", str(path))
     result = CliRunner().invoke(app, ["images", "build", "--runtime", "verl", "--variant", "auto"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # refused before the engine is asked, as `run` refuses it
     assert result.output.strip().splitlines()[-1].startswith("error: no verl image runs on this host: cu130: driver")
     assert "580.65.06" in result.output and "Traceback" not in result.output
 
 
 def test_images_build_refuses_an_unknown_runtime_or_a_variant_verl_lacks():
     result = CliRunner().invoke(app, ["images", "build", "--runtime", "sglang", "--variant", "cu130"])
-    assert result.exit_code == 1 and result.output.strip() == (
+    assert result.exit_code == 2 and result.output.strip() == (
         "error: unknown runtime 'sglang': choose one of verl-deploy, verl")
     result = CliRunner().invoke(app, ["images", "build", "--runtime", "verl", "--variant", "cpu"])
-    assert result.exit_code == 1 and result.output.strip() == (
+    assert result.exit_code == 2 and result.output.strip() == (
         "error: unknown variant 'cpu' of runtime verl: choose one of cu130 or auto")
 
 

@@ -689,9 +689,11 @@ def _verl_source(src: str | None):
         raise typer.Exit(2) from None
 
 
-def _image_error(exc: Exception) -> typer.Exit:
+def _image_error(exc: Exception, code: int = 1) -> typer.Exit:
+    """One line; exit 2 for input refused before the engine is asked (as every command's bad input), 1 for what the
+    engine, a registry or a build then fails at."""
     typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(1)
+    return typer.Exit(code)
 
 
 def _print_pushed(console, ref: str, runtime: str) -> None:
@@ -723,6 +725,7 @@ def images_build(
 
     from verl_deploy import images
     from verl_deploy.images.build import build
+    from verl_deploy.images.context import check
     from verl_deploy.images.registry import digest_in, push as push_image
     from verl_deploy.verl_source import SourceError
 
@@ -735,11 +738,12 @@ def images_build(
             ca_bundle=ca_bundle, keep_ca_bundle=keep_ca_bundle, no_cache=no_cache, runtime_name=runtime,
             verl_source=source,
         )
+        check(opts)  # --wheelhouse, --ca-bundle: before the engine is asked
     except SourceError as exc:  # no catalogued variant runs its pins: refused before building
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     except images.ImageError as exc:
-        raise _image_error(exc) from None
+        raise _image_error(exc, 2) from None
     try:
         for note in notes:
             console.print(note, markup=False)
@@ -770,6 +774,9 @@ def images_pull(
     console = Console(highlight=False, soft_wrap=True)
     try:
         ref = images.pull_ref(variant, registry, tag, runtime)
+    except images.ImageError as exc:  # no registry, an unknown variant: nothing asked of the engine yet
+        raise _image_error(exc, 2) from None
+    try:
         console.print(pull(ref, console))
     except images.ImageError as exc:
         raise _image_error(exc) from None
@@ -799,6 +806,9 @@ def images_push(
             flags = f"--variant {name}" + ("" if runtime == DEFAULT_RUNTIME else f" --runtime {runtime}")
             local = images.image_tag(name, runtime_name=runtime)
             missing = f"build it first (verl-deploy images build {flags}), or name a local image with --tag"
+    except images.ImageError as exc:  # the registry's spelling, an unknown variant: before the engine is asked
+        raise _image_error(exc, 2) from None
+    try:
         pushed = publish(local, registry, console, missing)
     except images.ImageError as exc:
         raise _image_error(exc) from None
