@@ -73,6 +73,22 @@ def test_report_overlays_runs_in_one_self_contained_page(two_runs, tmp_path):
     assert "toy/letter/reward/mean@1 0.600" in page  # the summary table's last validation score
 
 
+def test_without_out_the_report_goes_into_the_run_s_directory_not_the_current_one(two_runs, tmp_path, monkeypatch):
+    here = tmp_path / "checkout"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    result = report("lr-high", "--runs-dir", two_runs)
+    assert result.exit_code == 0, result.output
+    page = (two_runs / "lr-high" / "report" / "index.html").resolve()
+    assert result.output.strip() == f"wrote {page}: 8 charts; open it in a browser"
+    assert page.is_file() and list(here.iterdir()) == []
+    # Several runs: the first one's directory, named for the others.
+    result = report("lr-high", "lr-low", "--runs-dir", two_runs)
+    assert result.exit_code == 0, result.output
+    page = (two_runs / "lr-high" / "report-vs-lr-low" / "index.html").resolve()
+    assert result.output.startswith(f"wrote {page}: 8 charts") and page.is_file() and list(here.iterdir()) == []
+
+
 def test_report_takes_a_run_directory_and_verl_s_own_lines(tmp_path):
     run = write_verl_run(tmp_path / "elsewhere" / "verl-run")
     out = tmp_path / "out"

@@ -514,17 +514,18 @@ def stop(
 @app.command()
 def report(
     run_ids: list[str] = typer.Argument(..., metavar="RUN", help="Run ids under the runs directory, or run directories."),
-    out: Path = typer.Option(Path("report"), "--out", "-o", help="Where index.html and the PNGs go."),
+    out: Path = typer.Option(None, "--out", "-o", help="Where index.html and the PNGs go (default: the run's directory, RUN/report; for several runs the first one's RUN/report-vs-OTHERS)."),
     runs_dir: Path = _RUNS_DIR_OPTION,
 ) -> None:
     """Chart runs' metrics, overlaid, as one self-contained HTML page and PNGs.
 
     Score, KL, entropy, length, grad norm, throughput, time per phase, validation (docs/metrics.md)."""
     from verl_deploy import runs
-    from verl_deploy.report import ReportError, find_runs, write_report
+    from verl_deploy.report import ReportError, default_out, find_runs, write_report
 
     try:
-        written = write_report(find_runs(run_ids, runs_dir or runs.default_runs_root()), out)
+        found = find_runs(run_ids, runs_dir or runs.default_runs_root())
+        written = write_report(found, out or default_out(found))
     except ReportError as exc:
         raise _launch_error(exc) from None
     skipped = f" (no data for: {', '.join(written.skipped)})" if written.skipped else ""

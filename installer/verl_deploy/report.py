@@ -105,6 +105,13 @@ def find_runs(names: list[str], runs_root: Path) -> list[Run]:
     return found
 
 
+def default_out(found: list[Run]) -> Path:
+    """Where a report goes without --out: into the run's own directory, beside what it charts (never the current
+    directory, which may be a checkout): <run>/report; for several runs the first one's report-vs-<the others>."""
+    others = "-".join(run.label.replace("'", "") for run in found[1:])
+    return found[0].run_dir / ("report-vs-" + others if others else "report")
+
+
 def write_report(found: list[Run], out: Path) -> Written:
     """Draw every chart some run has data for into out/<chart>.png and out/index.html."""
     try:
