@@ -119,15 +119,19 @@ def test_dry_run_yaml_validates_and_keeps_secrets_out(flags, tmp_path):
 
 def assert_hardened_pod(spec: dict) -> None:
     """Every container (init containers too) non-root on a read-only root with no capabilities, writing only to its
-    volumes (/tmp an emptyDir); credentials as the files of the optional Secret volume, readable by the pod's user
-    (uid 1000, group 1000 = fsGroup: the kubelet makes the files root:1000, and 0440 lets the group read them), never
-    in the environment; no service account token."""
+    volumes (/tmp an emptyDir of a limited size, which every container's ephemeral storage covers); credentials as the
+    files of the optional Secret volume, readable by the pod's user (uid 1000, group 1000 = fsGroup: the kubelet makes
+    the files root:1000, and 0440 lets the group read them), never in the environment; no service account token."""
+    from kubernetes.utils import parse_quantity
+
     context = spec["securityContext"]
     assert context["runAsNonRoot"] is True and context["seccompProfile"] == {"type": "RuntimeDefault"}
     assert context["runAsUser"] == 1000 and context["runAsGroup"] == context["fsGroup"] == 1000
+    assert context["fsGroupChangePolicy"] == "OnRootMismatch"  # no walk of the whole model cache at every mount
     assert spec["automountServiceAccountToken"] is False
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {}}
+    assert list(volumes["tmp"]["emptyDir"]) == ["sizeLimit"]
+    tmp = parse_quantity(volumes["tmp"]["emptyDir"]["sizeLimit"])
     assert volumes["secrets"]["secret"] == {
         "secretName": "verl-deploy-secrets", "optional": True, "defaultMode": 0o440,
         "items": [{"key": name, "path": name} for name in SECRET_ENV],
@@ -141,6 +145,9 @@ def assert_hardened_pod(spec: dict) -> None:
         mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
         assert mounts[SECRETS_DIR] == {"name": "secrets", "mountPath": SECRETS_DIR, "readOnly": True}
         assert mounts["/tmp"]["name"] == "tmp"
+        disk = container["resources"]
+        assert disk["requests"]["ephemeral-storage"] == disk["limits"]["ephemeral-storage"]
+        assert parse_quantity(disk["limits"]["ephemeral-storage"]) > tmp  # /tmp and the container's logs
         assert all("valueFrom" not in e and e["name"] not in SECRET_ENV for e in container["env"])
 
 
@@ -224,16 +231,18 @@ def test_launch_server_side_applies_secret_config_volume_and_job(tmp_path, monke
         assert K8sLauncher(tmp_path, "team-a", cluster=Cluster(api.client())).launch(spec, detach=True) == 0
     assert api.calls() == [
         ("GET", "/api/v1/namespaces/team-a"),
+        ("GET", "/api/v1/namespaces/team-a/persistentvolumeclaims/verl-deploy-hf-cache"),  # none yet
+        ("GET", "/apis/storage.k8s.io/v1/storageclasses"),  # the default class: ReadWriteMany unless it has none
         ("PATCH", "/api/v1/namespaces/team-a/secrets/verl-deploy-secrets"),
         ("PATCH", "/api/v1/namespaces/team-a/configmaps/r1-config"),
         ("PATCH", "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/r1-ingress"),
         ("PATCH", "/api/v1/namespaces/team-a/persistentvolumeclaims/r1-runs"),
-        ("PATCH", "/api/v1/namespaces/team-a/persistentvolumeclaims/r1-hf-cache"),
+        ("PATCH", "/api/v1/namespaces/team-a/persistentvolumeclaims/verl-deploy-hf-cache"),
         ("PATCH", "/apis/batch/v1/namespaces/team-a/jobs/r1"),
         ("PATCH", "/api/v1/namespaces/team-a/configmaps/r1-config"),
         ("PATCH", "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies/r1-ingress"),
     ]
-    applies, owners = api.requests[1:-2], api.requests[-2:]
+    applies, owners = api.requests[3:-2], api.requests[-2:]
     for request in applies:
         assert request.content_type == "application/apply-patch+yaml"
         assert request.query == {"fieldManager": "verl-deploy", "force": "true"}
@@ -245,7 +254,7 @@ def test_launch_server_side_applies_secret_config_volume_and_job(tmp_path, monke
             "controller": False, "blockOwnerDeletion": False}]}}
     assert "ownerReferences" not in json.dumps([r.body for r in applies])  # the claims outlive the Job
     assert applies[0].body["stringData"] == {"HF_TOKEN": SECRET}
-    assert all(SECRET not in json.dumps(r.body) for r in api.requests[2:])
+    assert all(SECRET not in json.dumps(r.body) for r in api.requests[4:])
     assert "secretKeyRef" not in json.dumps(applies[-1].body)  # the Job reads it as a file
     assert SECRET not in (tmp_path / "r1" / "launch.json").read_text()
 
@@ -280,6 +289,66 @@ def test_missing_namespace_is_one_line_and_applies_nothing(tmp_path):
     ):
         K8sLauncher(tmp_path, "missing", cluster=Cluster(api.client())).launch(spec, detach=True)
     assert api.calls() == [("GET", "/api/v1/namespaces/missing")]
+
+
+CACHE = "/api/v1/namespaces/team-a/persistentvolumeclaims/verl-deploy-hf-cache"
+CLASSES = "/apis/storage.k8s.io/v1/storageclasses"
+
+
+def _launch(tmp_path, answers: dict, run_id: str = "r1", **options):
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  path: builtin:tiny\ndata:\n  batch_size: 16\n")
+    spec = build_spec(config, image=IMAGE + "@sha256:" + "b" * 64, runs_root=tmp_path, run_id=run_id,
+                      namespace="team-a", environ={}, **options)
+    with ApiServer({**NAMESPACE, **answers}) as api:
+        K8sLauncher(tmp_path, "team-a", cluster=Cluster(api.client())).launch(spec, detach=True)
+    return api
+
+
+def _applied_cache(api) -> dict | None:
+    return next((r.body for r in api.requests if r.method == "PATCH" and r.path == CACHE), None)
+
+
+def test_the_first_run_creates_the_shared_cache_and_the_next_one_uses_it_as_it_is(tmp_path, capsys):
+    """A claim's access modes and class cannot change and an admin may have grown it: a run that finds the namespace's
+    cache claim leaves it alone (no apply) and mounts it."""
+    first = _launch(tmp_path, {}, "r1", gpus=parse_gpus("1"))
+    created = _applied_cache(first)
+    assert created["spec"]["accessModes"] == ["ReadWriteMany"]  # no storage class said otherwise
+    assert created["metadata"]["labels"] == {"verl-deploy.managed": "true"}  # no run's: `runs rm` keeps it
+    grown = {("GET", CACHE): "pvc-verl-deploy-hf-cache-rwo.json"}
+    second = _launch(tmp_path, grown, "r2", gpus=parse_gpus("1"))
+    assert _applied_cache(second) is None
+    assert ("GET", CLASSES) not in second.calls()
+    job = second.objects["/apis/batch/v1/namespaces/team-a/jobs/r2"]
+    assert {"name": "cache", "persistentVolumeClaim": {"claimName": "verl-deploy-hf-cache"}} in (
+        job["spec"]["template"]["spec"]["volumes"])
+    assert "note:" not in capsys.readouterr().err
+
+
+def test_on_block_storage_the_shared_cache_is_read_write_once_and_the_run_says_so(tmp_path, capsys):
+    """GKE's default class (Persistent Disk) has no ReadWriteMany: a ReadWriteMany claim there would never bind. The
+    run makes it ReadWriteOnce and says, once, what that costs and how to share across nodes."""
+    api = _launch(tmp_path, {("GET", CLASSES): "storageclasses-gke.json"}, gpus=parse_gpus("1"))
+    assert _applied_cache(api)["spec"]["accessModes"] == ["ReadWriteOnce"]
+    [note] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert note.startswith("note: storage class standard-rwo (pd.csi.storage.gke.io) has no ReadWriteMany: the "
+                           "shared model cache verl-deploy-hf-cache is made ReadWriteOnce, so runs on different nodes "
+                           "take turns with it")
+    assert "--hf-cache NAME" in note
+    filestore = recorded("storageclasses-gke.json")["items"][-1]
+    named = _launch(tmp_path, {("GET", f"{CLASSES}/standard-rwx"): (200, filestore)}, "r3", gpus=parse_gpus("1"),
+                    storage_class="standard-rwx")
+    assert _applied_cache(named)["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "standard-rwx",
+                                             "resources": {"requests": {"storage": "200Gi"}}}
+
+
+def test_a_run_on_several_nodes_refuses_a_shared_cache_they_cannot_mount_at_once(tmp_path):
+    with pytest.raises(LaunchError) as refused:
+        _launch(tmp_path, {("GET", CACHE): "pvc-verl-deploy-hf-cache-rwo.json"}, "r2", gpus=parse_gpus("8"), nodes=2)
+    assert str(refused.value) == (
+        "claim verl-deploy-hf-cache (the namespace's model cache) is ReadWriteOnce: the 2 nodes of this run cannot "
+        "mount it at once; pass --hf-cache NAME, a ReadWriteMany claim (NFS, CephFS, EFS, Filestore, Azure Files)")
 
 
 def listing(kuberay: bool) -> dict:
@@ -317,19 +386,19 @@ def k8s_dry_run(config, *flags):
 
 def test_the_readme_gsm8k_job_finds_its_files_on_the_data_claim():
     """`--data gsm8k` names a claim holding gsm8k/ and models/: mounted read-only at /data, where the example's
-    paths point; the models go through the run's cache claim, filled once by the init container."""
+    paths point; the models go through the namespace's shared cache claim, filled by the init container."""
     config = REPO / "examples" / "gsm8k-grpo.yaml"
     result, objects = k8s_dry_run(config, "--gpus", "8", "--data", "gsm8k", "--run-id", "gsm8k")
     assert result.exit_code == 0, result.output
     for obj in objects:
         validate(obj)
     claims = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PersistentVolumeClaim"}
-    assert set(claims) == {"gsm8k-runs", "gsm8k-hf-cache"}
-    assert claims["gsm8k-hf-cache"]["metadata"]["labels"]["verl-deploy.run-id"] == "gsm8k"  # the run's: `runs rm`
+    assert set(claims) == {"gsm8k-runs", "verl-deploy-hf-cache"}
+    assert "verl-deploy.run-id" not in claims["verl-deploy-hf-cache"]["metadata"]["labels"]  # no run's: `runs rm` keeps it
     pod = next(o for o in objects if o["kind"] == "Job")["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["data"]["persistentVolumeClaim"] == {"claimName": "gsm8k", "readOnly": True}
-    assert volumes["cache"]["persistentVolumeClaim"] == {"claimName": "gsm8k-hf-cache"}
+    assert volumes["cache"]["persistentVolumeClaim"] == {"claimName": "verl-deploy-hf-cache"}
     trainer = pod["containers"][0]
     assert {"name": "data", "mountPath": "/data", "readOnly": True} in trainer["volumeMounts"]
     paths = yaml.safe_load(config.read_text())
@@ -358,7 +427,7 @@ def test_named_claims_and_a_storage_class_and_several_nodes(tmp_path):
         assert {"name": "cache", "persistentVolumeClaim": {"claimName": "team-cache"}} in pod["volumes"]
     default = k8s_dry_run(config, "--gpus", "8", "--nodes", "2", "--run-id", "two")[1]
     cache = [o for o in default if o["kind"] == "PersistentVolumeClaim"][1]
-    assert cache["metadata"]["name"] == "two-hf-cache" and cache["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert cache["metadata"]["name"] == "verl-deploy-hf-cache" and cache["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
 def test_a_host_folder_for_data_on_kubernetes_is_one_line(tmp_path):

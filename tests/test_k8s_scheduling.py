@@ -127,11 +127,12 @@ def test_eight_gpus_are_sized_for_eight_gpus_with_shared_memory_inside_the_limit
     _, objects = render("--gpus", "8", "--nodes", "2")
     for pod in pods(objects):
         [trainer] = pod["containers"]
-        assert trainer["resources"] == {
-            "requests": {"cpu": "32", "memory": "272Gi", "nvidia.com/gpu": "8"},
-            "limits": {"memory": "272Gi", "nvidia.com/gpu": "8"},  # 8 x 32Gi + 16Gi of /dev/shm
+        assert trainer["resources"] == {  # /tmp: 8 x 4Gi, and 1Gi for the container's logs
+            "requests": {"cpu": "32", "memory": "272Gi", "ephemeral-storage": "33Gi", "nvidia.com/gpu": "8"},
+            "limits": {"memory": "272Gi", "ephemeral-storage": "33Gi", "nvidia.com/gpu": "8"},  # 8 x 32Gi + 16Gi shm
         }
         assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
+        assert {"name": "tmp", "emptyDir": {"sizeLimit": "32Gi"}} in pod["volumes"]
 
 
 @pytest.mark.parametrize("flags, cpu, limit, shm", [
@@ -259,14 +260,58 @@ def test_no_yaml_anchors_even_where_objects_repeat():
     assert head["tolerations"] == worker["tolerations"]  # equal, each written out
 
 
-def test_the_run_gets_its_own_cache_claim_unless_it_names_a_shared_one():
-    _, objects = render("--gpus", "1")
-    claims = {o["metadata"]["name"]: o for o in objects if o["kind"] == "PersistentVolumeClaim"}
-    assert set(claims) == {"fit-runs", "fit-hf-cache"}
-    assert claims["fit-hf-cache"]["metadata"]["labels"]["verl-deploy.run-id"] == "fit"  # `runs rm` takes it
-    assert claims["fit-hf-cache"]["spec"]["accessModes"] == ["ReadWriteOnce"]
+def test_runs_share_the_namespaces_cache_claim_unless_one_names_its_own():
+    """One model cache per namespace, ReadWriteMany so that runs on any nodes mount it at once, and no run's label:
+    `runs rm` of one run leaves it to the others. --hf-cache NAME names an existing claim instead."""
+    claims = {}
+    for run_id, flags in (("one", ["--gpus", "1"]), ("two", ["--gpus", "8"]), ("three", ["--gpus", "8", "--nodes", "2"])):
+        text, objects = render(*flags, "--run-id", run_id)
+        [cache] = [o for o in objects if o["kind"] == "PersistentVolumeClaim" and o["metadata"]["name"] != f"{run_id}-runs"]
+        claims[run_id] = cache
+        assert all(v["persistentVolumeClaim"] == {"claimName": "verl-deploy-hf-cache"}
+                   for pod in pods(objects) for v in pod["volumes"] if v["name"] == "cache")
+        assert "# PersistentVolumeClaim verl-deploy-hf-cache: the namespace's model cache, shared by its runs" in text
+    assert claims["one"] == claims["two"] == claims["three"]  # one object, whichever run applies it first
+    assert claims["one"]["metadata"] == {"name": "verl-deploy-hf-cache", "namespace": "default",
+                                         "labels": {"verl-deploy.managed": "true"}}
+    assert claims["one"]["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "200Gi"}}}
     _, objects = render("--gpus", "1", "--hf-cache", "team-models")
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "PersistentVolumeClaim"] == ["fit-runs"]
+    assert {"name": "cache", "persistentVolumeClaim": {"claimName": "team-models"}} in pods(objects)[0]["volumes"]
+
+
+def test_fetch_models_never_asks_for_more_memory_than_the_trainer():
+    for flags, trainer, fetch in ((["--gpus", "1"], "34Gi", ("2Gi", "8Gi")),
+                                  (["--memory", "3g", "--shm-size", "1g"], "4Gi", ("2Gi", "4Gi")),
+                                  (["--memory", "1g", "--shm-size", "512m"], "1536Mi", ("1536Mi", "1536Mi"))):
+        _, objects = render(*flags, config=REPO / "examples" / "quickstart.yaml")
+        [pod] = pods(objects)
+        assert pod["containers"][0]["resources"]["limits"]["memory"] == trainer
+        [init] = pod["initContainers"]
+        assert (init["resources"]["requests"]["memory"], init["resources"]["limits"]["memory"]) == fetch
+        assert init["resources"]["limits"]["ephemeral-storage"] == pod["containers"][0]["resources"]["limits"][
+            "ephemeral-storage"]  # it writes to the same /tmp
+
+
+@pytest.mark.parametrize("image, flags, warned", [
+    ("registry.example.com/team/verl-deploy:0.1.0-cu128", [], True),
+    ("registry.example.com/team/verl-deploy:0.1.0-cu128@sha256:" + "a" * 64, [], False),
+    ("verl-deploy:0.1.0-cu128", ["--image-preloaded"], False),  # no registry to pin against: the nodes hold it
+])
+def test_a_tag_is_printed_with_one_warning_on_how_to_pin_it(image, flags, warned):
+    result = CliRunner().invoke(app, ["run", str(GSM8K), "--target", "k8s", "--dry-run", "--image", image,
+                                      "--run-id", "fit", "--gpus", "1", *flags],
+                                env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    if not warned:
+        assert warnings == []
+        return
+    assert warnings == [
+        f"warning: image {image} is a tag: the nodes pull whatever it names when each pod starts, which may be a "
+        f"different image if it is pushed again; pin it with --image {image}@sha256:<digest> "
+        "(`verl-deploy images push` prints REF@sha256:...)"]
+    assert "warning" not in result.stdout  # the YAML for kubectl stays clean
 
 
 # --- images the nodes can pull -------------------------------------------------------------------------------
@@ -334,8 +379,10 @@ def test_kuberays_submitter_pod_is_hardened_as_the_trainers_and_is_not_taken_for
     assert main["securityContext"] == head["containers"][0]["securityContext"]
     assert pod["securityContext"] == head["securityContext"] and pod["automountServiceAccountToken"] is False
     assert pod["restartPolicy"] == "Never"
-    assert main["resources"] == {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
-    assert [v["name"] for v in pod["volumes"]] == ["tmp"] and main["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert main["resources"] == {"requests": {"cpu": "500m", "memory": "200Mi", "ephemeral-storage": "2Gi"},
+                                 "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "2Gi"}}
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]  # its limit covers it
+    assert main["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
     assert "tolerations" not in pod and "affinity" not in pod
     assert "verl-deploy.run-id" not in template["metadata"]["labels"]  # status and logs select the run's pods by it
 

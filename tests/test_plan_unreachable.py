@@ -97,10 +97,14 @@ def test_a_run_that_cannot_be_planned_says_so_on_stderr_and_goes_on(no_hub, targ
     assert not (tmp_path / "runs").exists()
 
 
+# By digest: a tag adds its own warning line on stderr (launchers/k8s.py, tag_warning).
+PINNED = "registry.example.com/team/verl-deploy:1@sha256:" + "0" * 64
+
+
 def test_a_kubernetes_dry_run_on_gpus_prints_its_manifests_and_the_note_apart(no_hub, tmp_path):
     """`run --dry-run | kubectl apply -f -` reads only manifests; the note is on stderr."""
     result, took = timed("run", REPO / "examples" / "gsm8k-grpo.yaml", "--target", "k8s", "--dry-run",
-                         "--gpus", "8", "--gpu-type", "H100", "--image", "registry.example.com/team/verl-deploy:1",
+                         "--gpus", "8", "--gpu-type", "H100", "--image", PINNED,
                          "--run-id", "big", "--runs-dir", tmp_path / "runs", "--set", f"model.path={MODEL}")
     assert result.exit_code == 0, result.output
     [note] = result.stderr.strip().splitlines()
@@ -132,7 +136,7 @@ def test_a_cluster_run_whose_gpu_is_not_named_says_so(tmp_path):
     """Nothing else keeps it from being planned: the line names --gpu-type (not this host's GPUs)."""
     qwen7b = FIXTURES / "models" / "Qwen2.5-7B-Instruct"
     result, _ = timed("run", REPO / "examples" / "gsm8k-grpo.yaml", "--target", "k8s", "--dry-run",
-                      "--image", "registry.example.com/team/verl-deploy:1", "--runs-dir", tmp_path / "runs",
+                      "--image", PINNED, "--runs-dir", tmp_path / "runs",
                       "--set", f"model.path={qwen7b}")
     assert result.exit_code == 0, result.output
     assert result.stderr.strip().splitlines() == [

@@ -27,7 +27,7 @@ def test_kubernetes_carries_the_reward_file_in_the_config_map(tmp_path, monkeypa
     result = cli("run", _config(tmp_path), "--dry-run", "--image", "reg.io/img", "--target", "k8s",
                  "--runs-dir", tmp_path / "runs")
     assert result.exit_code == 0, result.output
-    objects = [o for o in yaml.safe_load_all(result.output) if o]
+    objects = [o for o in yaml.safe_load_all(result.stdout) if o]  # stderr: the tag's warning
     config_map = next(o for o in objects if o["kind"] == "ConfigMap")
     assert config_map["data"]["my_reward.py"] == REWARD
     assert "reward.function=/etc/verl-deploy/my_reward.py:score" in result.output

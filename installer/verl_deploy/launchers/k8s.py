@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -32,12 +33,39 @@ from verl_runtime.errors import EXIT_USER_ERROR
 FIELD_MANAGER = "verl-deploy"
 SECRET_NAME = "verl-deploy-secrets"  # optional; `launch` fills it from the caller's environment
 RUN_VOLUME_SIZE = "50Gi"
-# The Hugging Face cache: by default a claim of the run's own (`<run>-hf-cache`), which every cluster can provide
-# (ReadWriteOnce); a cache shared by runs on different nodes needs ReadWriteMany storage, which many clusters lack
-# (a ReadWriteOnce claim used from a second node fails with Multi-Attach), so sharing is the user's choice:
-# --hf-cache NAME names a claim they made ReadWriteMany (docs/kubernetes.md).
-CACHE_CLAIM_SUFFIX = "-hf-cache"
+# The Hugging Face cache: one claim per namespace, shared by its runs, so that a model is downloaded once (by the
+# first run's fetch-models) and not into 200Gi per run. `run` creates it when the namespace has none and never
+# changes it after (a claim's access modes and class are immutable; an admin may have resized it); `runs rm` leaves
+# it (it carries no run's label). --hf-cache NAME names another claim instead.
+# ReadWriteMany, so that runs on different nodes (and a RayJob's head and workers) mount it at once. A ReadWriteOnce
+# claim is attached to one node at a time: a second run on another node would hold its GPUs and wait, Pending with
+# Multi-Attach, until the first ends. Block-disk storage (most clouds' default class) offers no ReadWriteMany and
+# would leave a ReadWriteMany claim unbound forever, so on the provisioners below `run` makes it ReadWriteOnce and
+# says so (shared_cache_access): runs then share it on one node at a time.
+SHARED_CACHE_CLAIM = "verl-deploy-hf-cache"
 CACHE_VOLUME_SIZE = "200Gi"
+RWO_ONLY_PROVISIONERS = frozenset({
+    "ebs.csi.aws.com", "kubernetes.io/aws-ebs",  # EKS
+    "pd.csi.storage.gke.io", "kubernetes.io/gce-pd",  # GKE (its ReadWriteMany class is Filestore's)
+    "disk.csi.azure.com", "kubernetes.io/azure-disk",  # AKS (its ReadWriteMany class is Azure Files')
+    "cinder.csi.openstack.org", "kubernetes.io/cinder", "csi.vsphere.vmware.com", "dobs.csi.digitalocean.com",
+    "csi.hetzner.cloud", "linodebs.csi.linode.com", "blockvolume.csi.oraclecloud.com", "vpc.block.csi.ibm.io",
+    "diskplugin.csi.alibabacloud.com", "rbd.csi.ceph.com",  # Ceph RBD: ReadWriteMany only for raw block volumes
+    "rancher.io/local-path", "kubernetes.io/no-provisioner", "openebs.io/local", "local.csi.openebs.io",
+    "topolvm.io", "hostpath.csi.k8s.io",  # a node's own disk (kind's default is local-path)
+})
+DEFAULT_CLASS_ANNOTATIONS = ("storageclass.kubernetes.io/is-default-class",
+                             "storageclass.beta.kubernetes.io/is-default-class")
+# /tmp (HOME: Triton's, torch.compile's, vLLM's and FlashInfer's caches, Ray's session logs and spilled objects, which
+# grow with the pod's worker processes, one per GPU): an emptyDir on the node's disk of 4Gi per GPU (4Gi without
+# GPUs), and each container's ephemeral storage requested as limited, /tmp plus LOG_ALLOWANCE for its logs, so that
+# the scheduler places the pod where that much disk is free and the kubelet never evicts it for using what it asked.
+# Sized to fit GKE's default 100 GB boot disk (about 44Gi allocatable): 8 one-GPU pods, or one of 8 GPUs.
+TMP_PER_GPU = 4 * 1024**3
+LOG_ALLOWANCE = 1024**3  # the kubelet rotates a container's log at 10Mi x 5 files by default
+SUBMITTER_TMP = 1024**3  # KubeRay's submitter only runs `ray job submit`
+# The fetch-models init container's memory (huggingface_hub's downloads), never more than the trainer's limit.
+FETCH_MEMORY_REQUEST, FETCH_MEMORY_LIMIT = 2 * 1024**3, 8 * 1024**3
 BACKOFF_LIMIT = 2  # a retried pod resumes from the last checkpoint (trainer.resume=auto)
 TTL_AFTER_FINISHED_S = 7 * 24 * 3600
 # The NVIDIA device plugin's taint on GPU nodes (GKE and the GPU Operator set it as nvidia.com/gpu=present and
@@ -127,12 +155,23 @@ def _resources(spec: JobSpec) -> dict:
     limit: CFS throttling stalls data loaders and NCCL's threads, and the request already reserves the cores."""
     size = pod_size(spec)
     memory = sizes.k8s_quantity(size.memory_limit)
-    resources = {"requests": {"cpu": sizes.k8s_cpus(size.cpus), "memory": memory}, "limits": {"memory": memory}}
+    resources = {"requests": {"cpu": sizes.k8s_cpus(size.cpus), "memory": memory, **ephemeral_storage(tmp_size(spec))},
+                 "limits": {"memory": memory, **ephemeral_storage(tmp_size(spec))}}
     gpus = _gpu_count(spec)
     if gpus:
         resources["requests"]["nvidia.com/gpu"] = str(gpus)
         resources["limits"]["nvidia.com/gpu"] = str(gpus)  # quantities are strings
     return resources
+
+
+def tmp_size(spec: JobSpec) -> int:
+    """The /tmp emptyDir's size limit: TMP_PER_GPU for each GPU of the pod, one's worth without GPUs."""
+    return TMP_PER_GPU * max(1, _gpu_count(spec))
+
+
+def ephemeral_storage(tmp: int) -> dict:
+    """A container's node-disk share, requested as limited: its /tmp and its logs."""
+    return {"ephemeral-storage": sizes.k8s_quantity(tmp + LOG_ALLOWANCE)}
 
 
 def container(spec: JobSpec, name: str = "trainer", args: list[str] | None = None) -> dict:
@@ -175,16 +214,22 @@ def pull_policy(spec: JobSpec) -> str:
 
 def fetch_container(spec: JobSpec) -> dict:
     """The init container that puts the run's models into the cache claim before the trainer (and on several nodes,
-    the workers) start: one download, not one per pod."""
+    the workers) start: one download, not one per pod. Its memory is capped at the trainer's (a namespace's
+    LimitRange or quota sized for the run admits its init container too)."""
     body = container(spec, "fetch-models", ["fetch", CONFIG_FILE, *[a for o in spec.overrides for a in ("--set", o)]])
-    body["resources"] = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}}
+    limit = min(FETCH_MEMORY_LIMIT, pod_size(spec).memory_limit)
+    body["resources"] = {
+        "requests": {"cpu": "1", "memory": sizes.k8s_quantity(min(FETCH_MEMORY_REQUEST, limit)),
+                     **ephemeral_storage(tmp_size(spec))},
+        "limits": {"memory": sizes.k8s_quantity(limit), **ephemeral_storage(tmp_size(spec))},
+    }
     body["volumeMounts"] = [m for m in body["volumeMounts"] if m["name"] in ("config", "secrets", "cache", "tmp")]
     return body
 
 
 def cache_claim(spec: JobSpec) -> str:
-    """The cache claim's name: --hf-cache's, else the run's own."""
-    return spec.cache_claim or f"{spec.run_id}{CACHE_CLAIM_SUFFIX}"
+    """The cache claim's name: --hf-cache's, else the namespace's shared one."""
+    return spec.cache_claim or SHARED_CACHE_CLAIM
 
 
 def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never", fetch: bool = True) -> dict:
@@ -194,6 +239,9 @@ def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never", fe
             "runAsUser": NONROOT_ID,
             "runAsGroup": NONROOT_ID,
             "fsGroup": NONROOT_ID,
+            # The kubelet gives every volume the fsGroup: by default by walking all of it at every mount (minutes
+            # for a cache of models); OnRootMismatch walks it only when its root does not have it yet.
+            "fsGroupChangePolicy": "OnRootMismatch",
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         # The trainer does not talk to the API server; no token in the pod (and none mounted at
@@ -208,8 +256,9 @@ def pod_spec(spec: JobSpec, main: dict, restart_policy: str | None = "Never", fe
             # PyTorch workers and NCCL exchange tensors through /dev/shm; the default 64 MB is far too small.
             # It counts against the container's memory limit, which _resources raises by as much.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": sizes.k8s_quantity(pod_size(spec).shm)}},
-            # HOME=/tmp: Triton, torch.compile, vLLM and Ray write their caches and sessions there (the root is read-only).
-            {"name": "tmp", "emptyDir": {}},
+            # HOME=/tmp: Triton, torch.compile, vLLM and Ray write their caches and sessions there (the root is
+            # read-only); the containers' ephemeral-storage covers it.
+            {"name": "tmp", "emptyDir": {"sizeLimit": sizes.k8s_quantity(tmp_size(spec))}},
         ] + ([{"name": "data", "persistentVolumeClaim": {"claimName": spec.data_claim, "readOnly": True}}]
              if spec.data_claim else []),
     }
@@ -261,11 +310,14 @@ def run_volume(spec: JobSpec) -> dict:
 
 
 def cache_volume(spec: JobSpec) -> dict | None:
-    """The run's own cache claim, when the launcher makes it (not --hf-cache NAME): labelled with the run, so
-    `runs rm` removes it with the run claim."""
+    """The namespace's shared cache claim, unless --hf-cache names another: ReadWriteMany (SHARED_CACHE_CLAIM's
+    comment), labelled as verl-deploy's but with no run's label, so that `runs rm` of one run leaves it to the
+    others. `launch` creates it only where it is missing (K8sLauncher._shared_cache)."""
     if spec.cache_claim:
         return None
-    return _claim(spec, cache_claim(spec), CACHE_VOLUME_SIZE, dict(spec.labels))
+    body = _claim(spec, cache_claim(spec), CACHE_VOLUME_SIZE, {MANAGED_LABEL: "true"})
+    body["spec"]["accessModes"] = ["ReadWriteMany"]
+    return body
 
 
 def data_volume(spec: JobSpec) -> dict | None:
@@ -357,10 +409,11 @@ def submitter_template(spec: JobSpec) -> dict:
     """The pod template of KubeRay's submitter Job: the image and hardening of the trainer's pod, /tmp its only
     writable place, no GPU, no claims and no secrets (it only talks to the head's dashboard)."""
     main = container(spec, "ray-job-submitter")
-    main["resources"] = {kind: dict(values) for kind, values in SUBMITTER_RESOURCES.items()}
+    main["resources"] = {kind: {**values, **ephemeral_storage(SUBMITTER_TMP)}
+                         for kind, values in SUBMITTER_RESOURCES.items()}
     main["volumeMounts"] = [mount for mount in main["volumeMounts"] if mount["name"] == "tmp"]
     pod = pod_spec(spec, main, "Never", fetch=False)
-    pod["volumes"] = [volume for volume in pod["volumes"] if volume["name"] == "tmp"]
+    pod["volumes"] = [{"name": "tmp", "emptyDir": {"sizeLimit": sizes.k8s_quantity(SUBMITTER_TMP)}}]
     for gpu_only in ("tolerations", "affinity"):
         pod.pop(gpu_only, None)
     return {"metadata": {"labels": {SUBMITTER_LABEL: spec.run_id}}, "spec": pod}
@@ -443,6 +496,34 @@ def cluster_image(spec: JobSpec) -> JobSpec:
             f"HOST[:PORT]/PATH`, then --image HOST[:PORT]/PATH/{spec.image}; or --image-preloaded if the nodes "
             "already hold it (kind load docker-image, minikube image load)")
     return dataclasses.replace(spec, image=pinned(spec.image))
+
+
+def tag_warning(spec: JobSpec) -> str | None:
+    """One line when the image is a tag (cluster_image found no digest to pin it to): each node pulls what the tag
+    names when its pod starts, so a tag pushed again in between gives a retry, or a RayJob's workers, another image.
+    None for a digest, and for an image the nodes were given by hand (no registry to pin against)."""
+    if "@sha256:" in spec.image or spec.cluster.image_preloaded:
+        return None
+    return (f"warning: image {spec.image} is a tag: the nodes pull whatever it names when each pod starts, which may "
+            f"be a different image if it is pushed again; pin it with --image {spec.image}@sha256:<digest> "
+            "(`verl-deploy images push` prints REF@sha256:...)")
+
+
+def shared_cache_access(storage_class: dict | None) -> str:
+    """The access mode of a new shared cache claim on this storage class (None: not known): ReadWriteMany, unless
+    the class's provisioner is one that offers only ReadWriteOnce (RWO_ONLY_PROVISIONERS)."""
+    if storage_class and storage_class.get("provisioner") in RWO_ONLY_PROVISIONERS:
+        return "ReadWriteOnce"
+    return "ReadWriteMany"
+
+
+def _cache_note(spec: JobSpec) -> str:
+    """The dry run's word on the shared cache claim among what it prints (`kubectl apply` of an existing claim)."""
+    if spec.cache_claim:
+        return ""
+    return (f"# PersistentVolumeClaim {SHARED_CACHE_CLAIM}: the namespace's model cache, shared by its runs and kept "
+            "by `runs rm`; `run` creates it only where it is missing (ReadWriteOnce on block storage without "
+            "ReadWriteMany, e.g. EBS, PD, Azure Disk, local-path) and leaves an existing one as it is\n")
 
 
 def secret(spec: JobSpec, environ: dict[str, str]) -> dict | None:
@@ -666,6 +747,24 @@ class Cluster:
             return ""
         return runs.last_error(".", log.splitlines())
 
+    def storage_class(self, name: str | None) -> dict | None:
+        """The StorageClass of that name, else the cluster's default one; None where there is none or it cannot be
+        read (StorageClasses are cluster-wide, and a namespace's user may not read them)."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        api = client.StorageV1Api(self.core.api_client)
+        try:
+            if name:
+                return _json(api.read_storage_class(name, _preload_content=False))
+            found = _json(api.list_storage_class(_preload_content=False))["items"]
+        except (ApiException, HTTPError):
+            return None
+        defaults = [item for item in found if any((item["metadata"].get("annotations") or {}).get(key) == "true"
+                                                  for key in DEFAULT_CLASS_ANNOTATIONS)]
+        return defaults[0] if defaults else None
+
     def events(self, namespace: str) -> list[dict]:
         """The namespace's events, in one call: they expire an hour after they last happen (the API server's
         --event-ttl), so a namespace holds few, and the pod's and its claims' come together."""
@@ -725,21 +824,30 @@ class K8sLauncher:
 
     def dry_run(self, spec: JobSpec) -> str:
         spec = cluster_image(spec)
+        objects = manifests(spec)  # a run they refuse says only why: the warning comes after
+        if warning := tag_warning(spec):
+            print(warning, file=sys.stderr, flush=True)
         header = f"# verl-deploy run {spec.run_id}: kubectl apply -f - (server-side: --server-side)\n"
+        header += _cache_note(spec)
         if spec.secrets:
             header += (
                 f"# {', '.join(spec.secrets)}: files in {SECRETS_DIR} from Secret {SECRET_NAME} (not shown); "
                 f"create it (bash/zsh, no value in history): {create_secret_command(spec.secrets, spec.namespace)}\n"
             )
-        return header + to_yaml(manifests(spec))
+        return header + to_yaml(objects)
 
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
         spec = cluster_image(spec)
+        objects = manifests(spec)
         self.cluster.check_namespace(spec.namespace)
         credentials = secret(spec, dict(os.environ))
         with api_errors():
-            applied = [self.cluster.apply(obj) for obj in ([credentials] if credentials else []) + manifests(spec)]
+            objects, note = self._shared_cache(spec, objects)
+            applied = [self.cluster.apply(obj) for obj in ([credentials] if credentials else []) + objects]
             self._own_config(spec.namespace, applied)
+        for line in (note, tag_warning(spec)):  # once the cluster took the run: a refused one says only why
+            if line:
+                print(line, file=sys.stderr, flush=True)
         # The cache claim too: `export` mounts it (the base model's config and tokenizer) beside the run claim.
         runs.write_record(spec.run_dir, {**spec.record(), "target": self.target, "cache_claim": cache_claim(spec)})
         if detach:
@@ -748,6 +856,37 @@ class K8sLauncher:
             print(text, end="", flush=True)
         final = self.status(spec.run_id)
         return 0 if final.state == "succeeded" else 1
+
+    def _shared_cache(self, spec: JobSpec, objects: list[dict]) -> tuple[list[dict], str | None]:
+        """The run's objects with the shared cache claim as the namespace needs it: left out where the claim exists
+        (a claim's spec cannot change; an admin may have resized it), else ReadWriteOnce where the storage class
+        offers no ReadWriteMany, with a note saying so. A run on several nodes cannot share a ReadWriteOnce claim
+        between its pods: refused in one line."""
+        if spec.cache_claim:
+            return objects, None
+        ours = next(obj for obj in objects if obj["kind"] == "PersistentVolumeClaim"
+                    and obj["metadata"]["name"] == SHARED_CACHE_CLAIM)
+        others = [obj for obj in objects if obj is not ours]
+        found = self.cluster.read("PersistentVolumeClaim", spec.namespace, SHARED_CACHE_CLAIM)
+        if found is not None:
+            modes = found.get("spec", {}).get("accessModes") or []
+            if spec.nodes > 1 and "ReadWriteMany" not in modes:
+                raise LaunchError(
+                    f"claim {SHARED_CACHE_CLAIM} (the namespace's model cache) is {', '.join(modes) or 'not shareable'}"
+                    f": the {spec.nodes} nodes of this run cannot mount it at once; pass --hf-cache NAME, a "
+                    "ReadWriteMany claim (NFS, CephFS, EFS, Filestore, Azure Files)")
+            return others, None
+        if spec.nodes > 1:  # its run claim needs ReadWriteMany as well: nothing to choose
+            return objects, None
+        storage_class = self.cluster.storage_class(spec.storage_class)
+        if shared_cache_access(storage_class) == "ReadWriteMany":
+            return objects, None
+        ours["spec"]["accessModes"] = ["ReadWriteOnce"]
+        return objects, (
+            f"note: storage class {storage_class['metadata']['name']} ({storage_class['provisioner']}) has no "
+            f"ReadWriteMany: the shared model cache {SHARED_CACHE_CLAIM} is made ReadWriteOnce, so runs on different "
+            "nodes take turns with it; for one every node mounts at once, make a ReadWriteMany claim and pass "
+            "--hf-cache NAME (docs/kubernetes.md)")
 
     def _selector(self, run_id: str) -> str:
         return f"{RUN_ID_LABEL}={run_id}"

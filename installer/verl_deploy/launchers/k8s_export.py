@@ -117,8 +117,9 @@ def export_job(spec: JobSpec, name: str, args: list[str], memory: int) -> dict:
     main = k8s.container(spec, "export", args)
     main["volumeMounts"] = [m for m in main["volumeMounts"] if m["name"] not in _DROPPED]
     quantity = sizes.k8s_quantity(memory)
-    main["resources"] = {"requests": {"cpu": sizes.k8s_cpus(sizes.CPU_ONLY_CPUS), "memory": quantity},
-                         "limits": {"memory": quantity}}
+    disk = k8s.ephemeral_storage(k8s.tmp_size(spec))  # its /tmp, as the trainer's pod has it
+    main["resources"] = {"requests": {"cpu": sizes.k8s_cpus(sizes.CPU_ONLY_CPUS), "memory": quantity, **disk},
+                         "limits": {"memory": quantity, **disk}}
     pod = k8s.pod_spec(spec, main, "Never", fetch=False)
     pod["volumes"] = [v for v in pod["volumes"] if v["name"] not in _DROPPED]
     pod.pop("tolerations", None)

@@ -37,6 +37,13 @@ IMAGE_NOTE = (
     f"#   images: [{{name: {REGISTRY}/verl-deploy, newName: HOST/PATH/verl-deploy, digest: sha256:...}}]\n"
 )
 
+# On the shared cache claim: what `run --target k8s` decides with the cluster at hand, an overlay says itself.
+CACHE_NOTE = (
+    "# The namespace's model cache, shared by its runs (`verl-deploy run --target k8s` uses the same claim), so a\n"
+    "# model is downloaded once. ReadWriteMany: runs on different nodes mount it at once. On storage without it\n"
+    "# (block disks: EBS, PD, Azure Disk, local-path) patch accessModes to [ReadWriteOnce] in your overlay (runs on\n"
+    "# other nodes then wait for it). A claim's spec cannot change: where one of that name exists, leave this file out.\n"
+)
 # On the workload: where credentials come from (the Secret is optional; without it public models still train).
 SECRET_NOTE = (
     f"# Credentials ({', '.join(SECRET_ENV)}): files in {SECRETS_DIR} (mode 0440, `defaultMode: 288`)\n"
@@ -84,7 +91,7 @@ def files(config: Path = BASE_CONFIG) -> dict[str, str]:
         })
         tree[f"overlays/{overlay}/networkpolicy.yaml"] = HEADER + to_yaml(network_policies(spec))
         tree[f"overlays/{overlay}/pvc.yaml"] = _dump(run_volume(spec))
-        tree[f"overlays/{overlay}/cache-pvc.yaml"] = _dump(cache_volume(spec))
+        tree[f"overlays/{overlay}/cache-pvc.yaml"] = _dump(cache_volume(spec), CACHE_NOTE)
         tree[f"overlays/{overlay}/{workload_file}"] = _dump(workload, IMAGE_NOTE + SECRET_NOTE)
     return tree
 
