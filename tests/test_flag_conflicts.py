@@ -184,8 +184,8 @@ def test_on_k8s_the_hf_cache_is_a_claim_s_name_and_a_path_is_refused_as_one(conf
     line = refused(tmp_path, "run", config, "--target", "k8s", "--dry-run", "--image", IMAGE, "--hf-cache",
                    "/nonexistent")
     assert line == ("error: --hf-cache '/nonexistent': on Kubernetes it names a PersistentVolumeClaim, not a folder: "
-                    "pass a claim's name (`kubectl get pvc`; ReadWriteMany shares it between runs), or leave it out: "
-                    "the run gets its own <run>-hf-cache")
+                    "pass a claim's name (`kubectl get pvc`; ReadWriteMany shares it between runs), or leave it out "
+                    "for the launcher's cache claim")
     objects = [o for o in yaml.safe_load_all(dry_run(tmp_path, config, "k8s", "--hf-cache", "team-models")) if o]
     [job] = [o for o in objects if o["kind"] == "Job"]
     assert {"name": "cache", "persistentVolumeClaim": {"claimName": "team-models"}} in \

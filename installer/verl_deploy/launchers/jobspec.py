@@ -541,7 +541,7 @@ def build_spec(
         raise LaunchError(f"data directory {str(data_dir)!r} does not exist")
     instead = {"--data": "copy the data into a claim and pass its name (`kubectl get pvc`)",
                "--hf-cache": "pass a claim's name (`kubectl get pvc`; ReadWriteMany shares it between runs), or leave "
-                             "it out: the run gets its own <run>-hf-cache",
+                             "it out for the launcher's cache claim",
                "--storage-class": "pass a storage class's name (`kubectl get storageclass`)"}
     for option, claim in (("--data", data_claim), ("--hf-cache", cache_claim), ("--storage-class", storage_class)):
         if claim is not None and (len(claim) > 253 or not _DNS_NAME.match(claim)):
