@@ -193,23 +193,26 @@ def test_the_planner_sees_each_setting_of_our_runtime():
 @pytest.mark.slow
 def test_token_budgets_on_two_fsdp_workers_train_as_one_worker(tmp_path, ray_session):
     """Each rank cuts its share by the budget; the ranks agree on one micro-batch count (FSDP's forwards are
-    collectives), and the step equals one worker's."""
+    collectives), and the update equals one worker's on the same samples (given, not sampled: each worker samples
+    its own share from a seed of its own)."""
     from verl_runtime.trainer import SingleControllerTrainer
-    from verl_runtime.metrics import read_metrics
 
-    settings = ["algorithm.adv_estimator=grpo", "rollout.n=2", "trainer.device=cpu", "data.toy_size=32",
-                "data.batch_size=4", "data.max_response_length=8", "data.max_prompt_length=64",
-                "trainer.total_training_steps=1", "actor.lr=3e-3", "actor.use_dynamic_bsz=true",
-                "actor.ppo_max_token_len_per_gpu=80", "actor.entropy_from_logits_with_chunking=true"]
+    settings = ["algorithm.adv_estimator=grpo", "rollout.n=2", "trainer.device=cpu", "data.batch_size=4",
+                "data.max_response_length=8", "data.max_prompt_length=64", "actor.lr=3e-3",
+                "actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=80",
+                "actor.entropy_from_logits_with_chunking=true"]
+    samples = [{"prompt": prompt, "response": response, "reward": reward} for prompt, response, reward in (
+        ("Hello, how are you?", "I'm fine, thank you, and you?", 0.8), ("Hello, how are you?", "Go away.", 0.1),
+        ("What is 2 + 2?", "4", 1.0), ("What is 2 + 2?", "It is five, or maybe six.", 0.0),
+        ("Name a colour.", "Blue.", 0.7), ("Name a colour.", "A very long answer about colours.", 0.2),
+        ("Count to three.", "1 2 3", 1.0), ("Count to three.", "one two", 0.3))]
     one = SingleControllerTrainer(load_config(None, [*settings, f"trainer.run_dir={tmp_path / 'one'}"]))
-    one.fit()
     two = SingleControllerTrainer(load_config(None, [*settings, f"trainer.run_dir={tmp_path / 'two'}",
                                                      "trainer.n_workers=2", "actor.strategy=fsdp"]))
     try:
-        two.fit()
+        expected, got = one.step(samples), two.step(samples)
     finally:
         two.close()
-    expected, got = read_metrics(tmp_path / "one")[0], read_metrics(tmp_path / "two")[0]
     for name in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy"):
         assert got[name] == pytest.approx(expected[name], rel=1e-4, abs=1e-6), name
 

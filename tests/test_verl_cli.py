@@ -286,7 +286,8 @@ def test_run_refuses_disagreeing_input_in_one_line(tmp_path, args, message):
 
 def test_run_derives_nodes_and_gpus_from_verl_keys(tmp_path):
     result = invoke("run", "--target", "k8s", "--dry-run", "--image", "reg.io/i", "--run-id", "v", "--runs-dir", tmp_path,
-                    "--", "trainer.n_gpus_per_node=2", "trainer.nnodes=2", "data.train_batch_size=8")
+                    "--", "trainer.n_gpus_per_node=2", "trainer.nnodes=2", "data.train_batch_size=8",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=8")  # verl's default mini-batch is 256 prompts
     assert result.exit_code == 0, result.output
     kinds = [o["kind"] for o in yaml.safe_load_all(result.stdout) if o]
     assert "RayJob" in kinds and "trainer.n_workers=4" in result.stdout

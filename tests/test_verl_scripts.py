@@ -162,7 +162,8 @@ def test_a_verl_script_trains_two_cpu_steps_on_the_builtin_model(path, tmp_path)
 def test_cfg_job_prints_the_config_and_creates_no_run_directory(tmp_path):
     import yaml
 
-    code, out, error = compose(["data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "critic.strategy=fsdp2",
+    code, out, error = compose(["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                "actor_rollout_ref.rollout.n=2", "critic.strategy=fsdp2",
                                 "actor_rollout_ref.actor.ppo_micro_batch_size=16", "trainer.n_gpus_per_node=4",
                                 "trainer.resume_mode=auto", "trainer.resume_from_path=/ckpt/global_step_10",
                                 f"trainer.run_dir={tmp_path / 'run'}"])

@@ -695,7 +695,7 @@ def validate(config: Config) -> None:
         raise ConfigError("data.train_files is empty: name a .parquet or .jsonl file in verl's layout (or toy:letter)")
 
     _check_batch_sizes(config)
-    if config.rollout.tensor_model_parallel_size > 1:
+    if config.rollout.tensor_model_parallel_size > 1 and config.rollout.name == "vllm":  # vLLM's setting only
         raise ConfigError(f"rollout.tensor_model_parallel_size={config.rollout.tensor_model_parallel_size} is "
                           "refused: " + verl_keys.not_here("this runtime runs one rollout engine per worker, each on "
                                                            "its share of the prompts (no tensor-parallel rollout)"))
