@@ -86,4 +86,5 @@ def run_ours(
         statistics.mean(s["response_length/mean"] for s in steps),
         min(s["response_length/max"] for s in steps),
         controller_s=[s["timing_s/controller"] for s in steps],
+        gen_s=[s["timing_s/gen"] for s in steps],
     )

@@ -31,6 +31,10 @@ class Workload:
 PRESETS = {
     "cpu": Workload("cpu", prompts=8, samples=4, new_tokens=64, dtype="float32", device="cpu", micro_batch=32),
     "gpu": Workload("gpu", prompts=32, samples=8, new_tokens=256, dtype="bfloat16", device="cuda", micro_batch=32),
+    # the rollout on several CPU workers (--workers): a model whose decode step is arithmetic, not per-operation
+    # overhead (bench/_models.py BENCH_SHAPE), so that a worker with half the rows takes about half the time
+    "cpu-scaling": Workload("cpu-scaling", prompts=32, samples=4, new_tokens=64, dtype="float32", device="cpu",
+                            micro_batch=32),
 }
 
 
@@ -52,6 +56,7 @@ class SideRun:
     response_length: float
     padded_length: float
     controller_s: list[float] = field(default_factory=list)  # ours: per step, time outside the workers' methods
+    gen_s: list[float] = field(default_factory=list)  # ours: per step, the rollout phase's wall time (timing_s/gen)
 
 
 def engine_options(engine: str) -> tuple[str, bool | None]:

@@ -72,12 +72,15 @@ class Result:
         return self.tokens_per_step / self.median_s
 
 
-def run_side(side: str, engine: str, w: Workload, model: str, steps: int, warmup: int, out: Path, workers: int = 1):
-    """Warm-up + timed steps of one trainer, in a fresh process (bench/_side.py says why); its SideRun."""
+def run_side(side: str, engine: str, w: Workload, model: str, steps: int, warmup: int, out: Path, workers: int = 1,
+             threads: int | None = None):
+    """Warm-up + timed steps of one trainer, in a fresh process (bench/_side.py says why); its SideRun. threads:
+    torch's threads in that process (OMP_NUM_THREADS), as many as the cores where None."""
     out.mkdir(parents=True)
     command = [sys.executable, str(BENCH / "_side.py"), side, engine, w.preset, model, str(warmup + steps), str(workers),
                str(out)]
-    finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+    finished = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     if finished.returncode != 0:
         raise RuntimeError(f"{side} ({engine}) failed:\n{finished.stdout[-4000:]}")
     run = SideRun(**json.loads((out / "side.json").read_text()))
@@ -123,20 +126,29 @@ def ratio_to_trl(results: list[Result], i: int) -> float | None:
     return results[i].steps_per_s / trl.steps_per_s
 
 
-def run_scaling(w: Workload, model: str, steps: int, warmup: int, tmp: Path, workers: int) -> str:
-    """Ours on 1 worker (in-process, the default) and on `workers` Ray workers: tokens/s and the controller's own
-    share of a step (the time outside the workers' methods: dispatch, transfers, advantages, metrics)."""
-    lines = [f"{'workers':<18}{'s/step':>9}{'tokens/s':>10}{'scaling':>9}{'controller':>12}"]
-    base = None
+def run_scaling(w: Workload, model: str, steps: int, warmup: int, tmp: Path, workers: int) -> tuple[str, dict]:
+    """Ours on 1 worker (in-process, the default) and on `workers` Ray workers, the same batch and seed: s/step,
+    tokens/s, the rollout phase's wall time (every worker generates its share of the prompts) and its share of one
+    worker's, and the controller's own share of a step (the time outside the workers' methods: dispatch, transfers,
+    advantages, metrics)."""
+    lines = [f"{'workers':<21}{'s/step':>9}{'tokens/s':>10}{'scaling':>9}{'rollout s':>11}{'of 1':>7}"
+             f"{'controller':>12}"]
+    base = base_gen = None
+    figures = {}
     for n in (1, workers):
-        run = run_side("ours", "builtin", w, model, steps, warmup, tmp / f"ours-{n}-workers", workers=n)
+        # one worker as each Ray worker is: one CPU (Ray gives a worker of trainer.cpus_per_worker=1 one thread)
+        threads = 1 if n == 1 and w.device == "cpu" else None
+        run = run_side("ours", "builtin", w, model, steps, warmup, tmp / f"ours-{n}-workers", workers=n, threads=threads)
         median = statistics.median(run.step_times_s[warmup:])
+        gen = statistics.median(run.gen_s[warmup:])
         overhead = statistics.median(c / t for c, t in zip(run.controller_s[warmup:], run.step_times_s[warmup:]))
-        base = base or median
-        where = "in-process" if n == 1 else "Ray"
-        lines.append(f"{f'{n} ({where})':<18}{median:>9.3f}{w.tokens_per_step / median:>10,.0f}"
-                     f"{base / median:>8.2f}x{overhead:>11.1%}")
-    return "\n".join(lines)
+        base, base_gen = base or median, base_gen or gen
+        where = "in-process, 1 CPU" if n == 1 and w.device == "cpu" else "in-process" if n == 1 else "Ray"
+        lines.append(f"{f'{n} ({where})':<21}{median:>9.3f}{w.tokens_per_step / median:>10,.0f}"
+                     f"{base / median:>8.2f}x{gen:>11.3f}{gen / base_gen:>6.0%}{overhead:>12.1%}")
+        figures[n] = {"s_per_step": median, "rollout_s": gen, "rollout_of_one": gen / base_gen, "controller": overhead,
+                      "response_length": run.response_length}
+    return "\n".join(lines), figures
 
 
 def main(argv=None) -> int:
@@ -184,8 +196,10 @@ def main(argv=None) -> int:
             for n in range(args.rounds)
         ]
         print(render(w, rounds, args.steps, args.warmup))
+        scaling = None
         if args.workers:
-            print(run_scaling(w, model, args.steps, args.warmup, tmp, args.workers))
+            text, scaling = run_scaling(w, model, args.steps, args.warmup, tmp, args.workers)
+            print(text)
 
     if args.json:
         payload = {
@@ -199,6 +213,7 @@ def main(argv=None) -> int:
                 ]
                 for results in rounds
             ],
+            "workers": scaling,  # --workers: ours on 1 and N workers, the rollout phase's share included
         }
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
     return 0

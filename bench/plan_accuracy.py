@@ -40,11 +40,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "installer")]
 TARGET = 0.15
 MiB = 2**20
 
-# A Qwen2-architecture model large enough that the vocabulary and the layers both weigh (random weights, the built-in
-# byte-level tokenizer, whose ids all lie in this vocabulary), untied so the lm_head is a matrix of its own.
-BENCH_SHAPE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                   intermediate_size=1024, vocab_size=8192, max_position_embeddings=2048, tie_word_embeddings=False)
-
 COMMON = ["data.train_files=toy:letter", "trainer.device=cpu", "trainer.val_before_train=false",
           "trainer.resume=disable", "data.max_prompt_length=64", "rollout.name=hf"]
 FP32 = ["algorithm.adv_estimator=grpo", "rollout.n=4", "data.batch_size=8", "data.max_response_length=48",
@@ -278,19 +273,11 @@ def measure(fn, device: str = "cpu") -> tuple[object, int]:
 
 
 def bench_model(folder: Path) -> str:
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    """bench/_models.py's BENCH_SHAPE model (random weights, the built-in tokenizer)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _models import bench_shape_model
 
-    from verl_runtime.models import resolve_model_path
-
-    tiny = resolve_model_path("builtin:tiny")
-    tokenizer = AutoTokenizer.from_pretrained(tiny)
-    config = Qwen2Config(**BENCH_SHAPE, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=None)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return bench_shape_model(folder)
 
 
 def gpu_model(folder: Path) -> str:
