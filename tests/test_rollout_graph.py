@@ -160,3 +160,21 @@ def test_offload_moves_the_copy_and_drops_caches_between_rollouts(tiny):
     engine.release_caches()
     assert not engine._decoders
     assert not BuiltinRolloutEngine(model, tokenizer, "cpu").offload_parts()  # the CPU's lean path has no copy
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny_llama"])
+def test_the_copy_refreshes_from_a_whole_state_dict_as_from_the_model(request, name):
+    """Under FSDP the engine takes the gathered state dict (transformers' names), not a model: the same tensors."""
+    from verl_runtime.rollout.graph_decoder import DecodeWeights
+
+    if name == "tiny_llama":
+        model = load_causal_lm(request.getfixturevalue("tiny_llama_dir"), None, "cpu")
+    else:
+        model = request.getfixturevalue("tiny")[0]
+    from_model, from_state = (DecodeWeights(model, torch.float32, torch.device("cpu")) for _ in range(2))
+    with torch.no_grad():
+        for buffer in from_state.buffers():
+            buffer.zero_()
+    from_state.refresh({key: value.clone() for key, value in model.state_dict().items()})
+    for (key, expected), (_, got) in zip(from_model.named_buffers(), from_state.named_buffers()):
+        assert torch.equal(got, expected), key
