@@ -96,6 +96,19 @@ def test_updated_weights_reach_vllm_after_sync(setup):
     torch.testing.assert_close(sampled.rollout_log_probs, recomputed * sampled.response_mask, atol=1e-4, rtol=0)
 
 
+def test_weights_reach_vllm_from_a_whole_state_dict(setup):
+    """Under FSDP the actor hands vLLM the state dict its ranks gather, not a model (no rank keeps a whole copy)."""
+    model, tokenizer, engine, hf = setup
+    greedy = SamplingParams(n=1, max_new_tokens=20, do_sample=False)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(1)
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    expected = hf.generate(_prompts(tokenizer), greedy)
+    engine.sync_weights({key: value.clone() for key, value in model.state_dict().items()})
+    _assert_same_batch(engine.generate(_prompts(tokenizer), greedy), expected)
+
+
 def test_a_head_size_vllm_cpu_cannot_serve_is_a_config_error(tmp_path):
     require(VLLM_INSTALLED, VLLM_MISSING)
     from transformers import Qwen2Config, Qwen2ForCausalLM
