@@ -174,7 +174,6 @@ class GraphDecoder:
         call's are copies of its first (a real prompt: an all-padding row would make NaN attention)."""
         rows, length = prompt_ids.shape
         extra = self.bucket.rows - rows
-        padded_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(extra, -1)])
         padded_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(extra, -1)])
         positions = position_ids_from_mask(padded_mask)
         steps = torch.arange(1, self.bucket.slots - length + 1, device=self.device)
