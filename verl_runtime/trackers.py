@@ -5,7 +5,9 @@ where the tracker shows validation samples (W&B's table, MLflow's artifact: trai
 are not sent). MetricsWriter (metrics.py) feeds them the very records it writes to metrics.jsonl, so each tracker
 gets every scalar under the same name and step.
 A tracker is a view of the run, never a reason to fail it: one that is not installed, cannot start, or raises
-mid-run is said in one line and left out (metrics.jsonl holds everything).
+mid-run is said in one line and left out (metrics.jsonl holds everything). `verl-deploy run` refuses, before
+anything starts, a tracker whose client is not installed where the trainer runs, where the host can know it
+(verl_deploy.launchers.jobspec.check_installed): each tracker's module is its name in TRACKERS.
 
 As verl 0.9.1 spells them (verl/utils/tracking.py, Tracking.__init__, lines 76-151): trainer.project_name is W&B's and
 SwanLab's project and MLflow's experiment, trainer.experiment_name the run's name; W&B reads WANDB_* from the

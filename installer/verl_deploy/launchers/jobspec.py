@@ -380,16 +380,12 @@ def check_config(config, gpus: Gpus, nodes: int):
     return config
 
 
-def check_paths(spec: JobSpec, target: str) -> None:
-    """The config's data, reward and model paths (verl_runtime.local_paths), checked on this host before anything
-    is launched, as far as the host sees them: on local, every one; on docker, those under /data in the --data
-    directory, and the reward file, which the launcher mounts from the host; on k8s only the reward file, which
-    travels in the run's ConfigMap. The rest is the image's (or, on k8s, a claim's): the trainer checks it when it
-    starts. Upstream verl checks its own config."""
-    if spec.upstream:
-        return
-    from verl_runtime.errors import UserError
-    from verl_runtime.local_paths import REWARD_FILE, check_local_paths
+def host_locator(spec: JobSpec, target: str):
+    """Where a path of the config (a verl_runtime.local_paths.LocalPath) is on this host, or None where the host
+    cannot see it: on local, every one; on docker, those under /data in the --data directory, and the reward file,
+    which the launcher mounts from the host; on k8s and slurm only the reward file, which travels with the run. The
+    rest is the image's (or a claim's, or the nodes'): the trainer checks it when it starts."""
+    from verl_runtime.local_paths import REWARD_FILE
 
     def locate(item) -> Path | None:
         path = Path(item.path).expanduser()
@@ -400,10 +396,262 @@ def check_paths(spec: JobSpec, target: str) -> None:
             return None
         return spec.data_dir / path.relative_to(DATA_DIR)
 
+    return locate
+
+
+def check_paths(spec: JobSpec, target: str, config=None) -> None:
+    """The config's data, reward and model paths (verl_runtime.local_paths), checked on this host before anything
+    is launched, as far as the host sees them (host_locator). Upstream verl checks its own config. config: the
+    loaded config (load_checked), when the caller has it."""
+    if spec.upstream:
+        return
+    from verl_runtime.errors import UserError
+    from verl_runtime.local_paths import check_local_paths
+
     try:
-        check_local_paths(load_checked(spec.config_path, spec.overrides, warn=False), locate)
+        config = config or load_checked(spec.config_path, spec.overrides, warn=False)
+        check_local_paths(config, host_locator(spec, target))
     except UserError as exc:
         raise LaunchError(str(exc)) from None
+
+
+# --- before launch: what this host can know of the run, where the trainer would find out later (#38) -----------
+
+# Rows of a split whose prompts check_prompt_lengths tokenizes at most (the trainer's own way, row by row: about
+# 2,500 rows a second on one loaded core); a larger split is left to the trainer, which tokenizes it when it starts.
+PROMPT_CHECK_ROWS = 20_000
+PROMPT_CHECK_TIMEOUT_S = 60  # a tokenizer that hangs (a network it should not ask) never holds a launch longer
+
+
+def check_before_launch(spec: JobSpec, target: str, container: str | None = None,
+                        catalog_variant: str | None = None) -> None:
+    """What the host can know of a run before anything starts, each refusal a LaunchError of one line: the config's
+    paths (check_paths); vLLM for rollout.name=vllm and the trackers of trainer.logger where the trainer runs
+    (check_installed); prompts longer than data.max_prompt_length under data.truncation=error (check_prompt_lengths).
+    container: Slurm's --container; catalog_variant: the variant whose catalog tag the run's image is (None: an
+    image named with --image). Upstream verl checks its own config."""
+    if spec.upstream:
+        return
+    config = load_checked(spec.config_path, spec.overrides, warn=False)
+    check_paths(spec, target, config)
+    check_installed(spec, config, target, container, catalog_variant)
+    check_prompt_lengths(spec, config, target)
+
+
+@dataclass(frozen=True)
+class TrainerHome:
+    """Where the trainer runs, as far as this host knows what is installed there."""
+
+    name: str  # in words: "/path/to/python (...)" or "image X (variant cpu)"
+    installed: dict  # module -> bool; a module not in it is not known here
+    in_image: bool
+
+
+def trainer_home(spec: JobSpec, target: str, container: str | None = None,
+                 catalog_variant: str | None = None, modules=()) -> TrainerHome | None:
+    """Where the trainer of `spec` runs and which of `modules` are installed there; None where this host cannot
+    know. The host's Python for --target local and Slurm's --container none (the Python the launchers start:
+    sys.executable), asked without importing anything; an image of the catalog's tag from the catalog; on docker an
+    image named with --image from its labels, where this host's engine has it (images/contents.py)."""
+    import sys
+
+    if target == "local" or (target == "slurm" and (container or "none") == "none"):
+        who = "--target local" if target == "local" else "the Slurm nodes' Python, --container none"
+        return TrainerHome(f"{sys.executable} (the Python that runs the trainer: {who})",
+                           {module: _importable(module) for module in modules}, in_image=False)
+    from verl_deploy.images import contents
+
+    if catalog_variant:
+        from verl_deploy.images.context import ImageError, variant
+
+        try:
+            known = contents.of_variant(variant(catalog_variant, spec.runtime))
+        except ImageError:
+            return None
+        return TrainerHome(f"image {spec.image} (variant {catalog_variant})", known, in_image=True)
+    if target == "docker":
+        from verl_deploy.images.stale import local_labels
+
+        known = contents.of_labels(local_labels(spec.image))
+        if known is not None:
+            return TrainerHome(f"image {spec.image}", known, in_image=True)
+    return None
+
+
+def _importable(module: str) -> bool:
+    """The module is installed in this Python (found on its path; nothing is imported)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent that fails, a module whose __spec__ is None
+        return False
+
+
+def check_installed(spec: JobSpec, config, target: str, container: str | None = None,
+                    catalog_variant: str | None = None) -> None:
+    """rollout.name=vllm without vLLM, and a tracker of trainer.logger without its client, where the trainer runs
+    (trainer_home): a LaunchError of one line. The trainer would find vLLM missing after loading the model, and run
+    on without a tracker with a warning in its log. Where the host cannot know, the trainer checks when it starts."""
+    from verl_deploy.images.contents import VLLM
+
+    vllm = config.rollout.name == "vllm"
+    trackers = list(dict.fromkeys(config.trainer.trackers))
+    if not vllm and not trackers:
+        return
+    home = trainer_home(spec, target, container, catalog_variant, ([VLLM] if vllm else []) + trackers)
+    if home is None:
+        return
+    if vllm and home.installed.get(VLLM) is False:
+        if home.in_image:
+            from verl_deploy.images.contents import with_vllm
+
+            fix = (f"set rollout.name=builtin (or hf), or give the run GPUs (--gpus N): the "
+                   f"{' and '.join(with_vllm(spec.runtime))} images have vLLM")
+        else:
+            fix = "install the vllm extra there (pip install 'verl-deploy[vllm]'), or set rollout.name=builtin (or hf)"
+        raise LaunchError(f"rollout.name=vllm needs vLLM, which {home.name} does not have: {fix}")
+    missing = [name for name in trackers if home.installed.get(name) is False]
+    if missing:
+        from verl_runtime.trackers import PIP_EXTRA
+
+        key, names = _trackers_key(spec), " and ".join(missing)
+        fix = ("run an image `verl-deploy images build` made (every variant has the trackers extra)" if home.in_image
+               else f"install the trackers extra there ({PIP_EXTRA})")
+        raise LaunchError(f"{key} names {names}, which {home.name} does not have: {fix}, or leave "
+                          f"{'it' if len(missing) == 1 else 'them'} out of {key}")
+
+
+def _trackers_key(spec: JobSpec) -> str:
+    """The key the run names its trackers with: verl's trainer.logger, or ours, trainer.trackers (the last given)."""
+    import yaml
+
+    for override in reversed(spec.overrides):
+        key = override.split("=", 1)[0]
+        if key in ("trainer.logger", "trainer.trackers"):
+            return key
+    try:
+        doc = yaml.safe_load(spec.config_text) if spec.config_text else None
+    except yaml.YAMLError:
+        doc = None
+    trainer = doc.get("trainer") if isinstance(doc, dict) else None
+    if (isinstance(trainer, dict) and "logger" in trainer) or (isinstance(doc, dict) and "trainer.logger" in doc):
+        return "trainer.logger"
+    return "trainer.trackers"
+
+
+def check_prompt_lengths(spec: JobSpec, config, target: str) -> None:
+    """Under data.truncation=error (data.filter_overlong_prompts off) the trainer stops at a prompt longer than
+    data.max_prompt_length, once its model is loaded: here that is one line before anything starts, where the data
+    files and the model's tokenizer are on this host (host_locator; a Hub id from the Hugging Face cache the run
+    uses, offline). The prompts are tokenized by the trainer's own code (verl_runtime.data: load_rows, make_toy_rows
+    for a toy: entry beside a file, encode_prompts), in a Python of its own where torch is not imported (a tokenizer
+    needs none, and importing torch takes the host seconds): prompt_check_child. A split no file of which the host
+    sees, one over PROMPT_CHECK_ROWS rows, a tokenizer that is not here or a child that fails: left to the trainer."""
+    import json
+    import subprocess
+    import sys
+
+    from verl_runtime.data import TOY_PREFIX
+    from verl_runtime.hub import is_hub_id
+    from verl_runtime.local_paths import DATA_FILE, MODEL_DIR, LocalPath
+
+    data = config.data
+    if data.truncation != "error" or data.filter_overlong_prompts:
+        return
+    locate = host_locator(spec, target)
+    splits = []
+    for key in ("data.train_files", "data.val_files"):
+        located = []
+        for name in getattr(data, key.split(".")[1]):
+            where = name if name.startswith(TOY_PREFIX) else locate(LocalPath(key, name, DATA_FILE))
+            if where is None:
+                break
+            located.append(str(where))
+        else:
+            if any(not name.startswith(TOY_PREFIX) for name in located):
+                splits.append((key, located))
+    if not splits:
+        return
+    model = str(config.model.path)
+    folder = hub = None
+    if model.startswith("builtin:"):
+        from verl_deploy.plan.shape import BUILTIN_TINY, TINY_CACHE_NAME, _runtime_cache_root
+
+        built = _runtime_cache_root() / TINY_CACHE_NAME  # the same tokenizer the run builds (built offline)
+        folder = built if model == BUILTIN_TINY and (built / "config.json").is_file() else None
+    else:
+        where = locate(LocalPath("model.path", model, MODEL_DIR))
+        if where is not None and where.is_dir():
+            folder = where
+        elif is_hub_id(model) and not Path(model).expanduser().exists():
+            hub = model
+    if folder is None and hub is None:
+        return
+    request = {"splits": splits, "folder": str(folder) if folder else None, "hub": hub,
+               "max_prompt_length": data.max_prompt_length, "apply_chat_template": data.apply_chat_template,
+               "toy_size": data.toy_size, "seed": config.trainer.seed, "max_rows": PROMPT_CHECK_ROWS}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    if spec.hf_cache is not None:  # the run's cache (docker mounts it as HF_HOME; local passes it so)
+        env["HF_HOME"] = str(spec.hf_cache)
+    code = "import sys; sys.modules['torch'] = None; from verl_deploy.launchers.jobspec import prompt_check_child; " \
+           "prompt_check_child()"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], input=json.dumps(request), capture_output=True, text=True,
+                              env=env, timeout=PROMPT_CHECK_TIMEOUT_S)
+        answer = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else {}
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return  # the check could not run: the trainer's own check stands
+    if answer.get("refuse"):
+        raise LaunchError(answer["refuse"])
+
+
+def prompt_check_child() -> None:
+    """check_prompt_lengths' child: its request as JSON on stdin; prints {"refuse": line} (the trainer's own error,
+    naming the split), {"skip": why} or {}."""
+    import json
+    import sys
+
+    print(json.dumps(overlong_prompts(json.load(sys.stdin))), flush=True)
+
+
+def overlong_prompts(request: dict) -> dict:
+    """The trainer's prompt loading (Trainer.load_prompts) over the splits of `request`, with the model's tokenizer
+    read offline; {"refuse": line} for the first split the trainer would stop at."""
+    from verl_runtime.data import TOY_PREFIX, encode_prompts, load_rows, make_toy_rows
+    from verl_runtime.errors import UserError
+    from verl_runtime.hub import HUB_ID
+
+    try:
+        from transformers import AutoTokenizer
+        from transformers.utils import logging
+    except ImportError:
+        return {"skip": "transformers is not installed here"}
+    logging.set_verbosity_error()
+    try:
+        if request.get("folder"):
+            tokenizer = AutoTokenizer.from_pretrained(request["folder"])
+        else:
+            match = HUB_ID.match(request["hub"])
+            tokenizer = AutoTokenizer.from_pretrained(match["repo"], revision=match["revision"], local_files_only=True)
+    except Exception as exc:  # no tokenizer files there, not in the cache, one transformers cannot read
+        return {"skip": f"the model's tokenizer is not readable here ({type(exc).__name__})"}
+    for key, files in request["splits"]:
+        train = key == "data.train_files"
+        rows = []
+        try:
+            for name in files:
+                if name.startswith(TOY_PREFIX):
+                    size = request["toy_size"] if train else max(request["toy_size"] // 4, 1)
+                    rows += make_toy_rows(name.removeprefix(TOY_PREFIX), size, request["seed"] + (not train))
+                else:
+                    rows += load_rows(name)
+            if len(rows) > request["max_rows"]:
+                return {"skip": f"{key}: {len(rows):,} rows, more than {request['max_rows']:,}"}
+            encode_prompts(rows, tokenizer, request["max_prompt_length"], "error", request["apply_chat_template"])
+        except UserError as exc:
+            return {"refuse": f"{key}: {exc}"}
+    return {}
 
 
 def cluster_options(node_selector=(), gpu_type: str | None = None, priority_class: str | None = None,

@@ -16,7 +16,8 @@ from typing import Mapping
 
 from verl_deploy import compat, runs
 from verl_deploy.launchers.jobspec import (
-    JobSpec, LaunchError, build_spec, check_overrides, check_paths, cluster_options, gpus_of, parse_env, refuse_empty,
+    JobSpec, LaunchError, build_spec, check_before_launch, check_overrides, cluster_options, gpus_of, parse_env,
+    refuse_empty,
 )
 
 
@@ -151,7 +152,7 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
     from verl_deploy.launchers import CLUSTER_TARGETS, default_image
 
     environ = os.environ if environ is None else environ
-    runtime, resume, flag_changes = request.runtime, request.resume, []
+    runtime, resume, flag_changes, record = request.runtime, request.resume, [], {}
     if resume and request.run_id not in (None, resume):
         raise LaunchError(f"--resume {resume} continues run {resume} under its own id: drop --run-id "
                           f"{request.run_id} (a new run named {request.run_id}: leave out --resume)")
@@ -216,7 +217,13 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
         flags.update({name: str(Path(flags[name]).expanduser().resolve()) for name in ("data", "hf_cache") if name in flags})
     runs_in = image or ("" if in_host_python else default_image(variant, runtime))
     spec = dataclasses.replace(spec, image=runs_in, variant=variant, launch_flags=flags)
-    check_paths(spec, target)  # data, reward and model files, before an image is built or anything started
+    # Before an image is built or anything started: the data, reward and model files, vLLM and the trackers where
+    # the trainer runs (an image of the catalog's tag is known from the catalog), the prompts' lengths.
+    catalog_variant = None
+    if variant is not None and not spec.upstream and runs_in == default_image(variant, runtime):
+        catalog_variant = variant
+    container = request.container or (record.get("slurm") or {}).get("container")  # a resume keeps its own
+    check_before_launch(spec, target, container, catalog_variant)
     slurm = None
     if target == "slurm":
         from verl_deploy.launchers.slurm import SlurmOptions
