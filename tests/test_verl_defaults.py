@@ -79,6 +79,15 @@ def test_a_verl_command_line_gets_verls_defaults_and_ours_keeps_ours():
     assert ours.actor.strategy == "dp" and ours.actor.use_kl_loss and ours.data.max_response_length == 64
 
 
+def test_verls_tracker_and_ignored_keys_on_our_config_keep_our_defaults():
+    """trainer.logger is how a config of ours names its trackers, and a key ignored here changes nothing: neither makes
+    the line verl's (verl's mini-batch of 256 would refuse the quickstart's batch of 8)."""
+    config = load_config(REPO / "examples" / "quickstart.yaml",
+                         ["trainer.logger=['console','tensorboard']", "trainer.default_local_dir=/tmp/ckpt"], warn=False)
+    assert config.actor.strategy == "dp" and config.actor.ppo_mini_batch_size != 256
+    assert config.trainer.tensorboard
+
+
 def test_a_key_given_wins_over_verls_default_in_either_name():
     config = load_config(None, [*VERL_LINE, "actor.strategy=dp", "actor_rollout_ref.model.use_remove_padding=False",
                                 "data.max_response_length=32"], warn=False)

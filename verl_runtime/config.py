@@ -870,9 +870,17 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
 
 
 def _gives_verls_keys(written: list[str]) -> bool:
-    """Whether a command line (or file) speaks verl: it gives a key of verl's own that is not one of ours."""
+    """Whether a command line (or file) speaks verl: it gives a key of verl's own that is not one of ours and says
+    something about training (not trainer.logger, not a key ignored here)."""
     ours = set(all_keys())
-    return any(key not in ours and verl_keys.is_verl_key(key) for key in written)
+
+    def speaks_verl(key: str) -> bool:
+        if key in ours or key in verl_keys.BOOKKEEPING_KEYS or not verl_keys.is_verl_key(key):
+            return False
+        rule = verl_keys.rule_for(key)
+        return rule is None or rule.kind != verl_keys.IGNORED
+
+    return any(speaks_verl(key) for key in written)
 
 
 def _refuse_out_of_scope(values: dict[str, tuple[Any, str]], ours: set[str]) -> None:

@@ -115,6 +115,9 @@ VERL_DEFAULTS = {
     "actor.use_kl_loss": ("actor_rollout_ref.actor.use_kl_loss", False),
     "trainer.num_epochs": ("trainer.total_epochs", 30),
 }
+# verl keys a line of ours may borrow without speaking verl: they say where metrics go, not what is trained, so they
+# bring none of verl's defaults (nor does a key verl has and this runtime ignores). config._gives_verls_keys reads it.
+BOOKKEEPING_KEYS = ("trainer.logger",)
 # Where verl's default differs from ours and ours stays, with why (the test above holds the list complete).
 VERL_DEFAULTS_LEFT_OUT = {
     "rollout.tensor_model_parallel_size": "verl's 2: this runtime runs one rollout engine per worker (TP is refused)",
