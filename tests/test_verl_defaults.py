@@ -79,13 +79,20 @@ def test_a_verl_command_line_gets_verls_defaults_and_ours_keeps_ours():
     assert ours.actor.strategy == "dp" and ours.actor.use_kl_loss and ours.data.max_response_length == 64
 
 
-def test_verls_tracker_and_ignored_keys_on_our_config_keep_our_defaults():
-    """trainer.logger is how a config of ours names its trackers, and a key ignored here changes nothing: neither makes
-    the line verl's (verl's mini-batch of 256 would refuse the quickstart's batch of 8)."""
+def test_verl_keys_over_a_config_of_ours_translate_onto_it_with_our_defaults():
+    """The base decides: verl's spellings given over our quickstart (trackers, vLLM's memory share) translate onto it
+    and bring none of verl's defaults (verl's mini-batch of 256 would refuse the quickstart's batch of 8)."""
     config = load_config(REPO / "examples" / "quickstart.yaml",
-                         ["trainer.logger=['console','tensorboard']", "trainer.default_local_dir=/tmp/ckpt"], warn=False)
+                         ["trainer.logger=['console','tensorboard']", "actor_rollout_ref.rollout.gpu_memory_utilization=0.4"],
+                         warn=False)
     assert config.actor.strategy == "dp" and config.actor.ppo_mini_batch_size != 256
-    assert config.trainer.tensorboard
+    assert config.trainer.tensorboard and config.rollout.gpu_memory_utilization == 0.4
+
+
+def test_verls_tracker_and_ignored_keys_alone_are_not_a_verl_line():
+    """trainer.logger names trackers, a key ignored here changes nothing: on their own they keep our defaults."""
+    config = load_config(None, ["trainer.logger=['console']", "trainer.default_local_dir=/tmp/ckpt"], warn=False)
+    assert config.actor.strategy == "dp" and config.actor.ppo_mini_batch_size != 256
 
 
 def test_a_key_given_wins_over_verls_default_in_either_name():

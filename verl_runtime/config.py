@@ -578,12 +578,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     warned about (one ``warning:`` line on stderr each, unless ``warn`` is false) or refused (verl_keys.RULES)."""
     values: dict[str, tuple[Any, str]] = {}  # dotted key -> (value, where it came from)
     spelled: dict[str, str] = {}  # dotted key -> the key as written and where, for a range error (check_ranges)
-    written_keys: list[str] = []  # as written: a verl command line is known by its own spellings
+    file_keys: list[str] = []  # as written: a verl config is known by its own spellings
+    written_keys: list[str] = []
     if path is not None:
         for key, value in _flatten(_read_yaml(Path(path))).items():
             values[_canonical(key)] = (value, f"in {path}")
             spelled[_canonical(key)] = stated(key, f"in {path}")
-            written_keys.append(key)
+            file_keys.append(key)
     for item in overrides:
         written, value = parse_override(item)
         written_keys.append(written)
@@ -593,7 +594,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if value is not DELETE:
             values[key] = (value, COMMAND_LINE)
             spelled[key] = stated(written, COMMAND_LINE)
-    verl_line = _gives_verls_keys(written_keys)
+    # The base decides: a file of ours keeps our defaults under verl-spelled overrides (they translate onto it); a
+    # verl file, or a command line of verl's keys with no file (or main_ppo.yaml's empty one), gets verl's.
+    verl_line = _gives_verls_keys(file_keys if file_keys else written_keys)
     values = _from_verl(values, warn)
     if verl_line:  # what verl would train with where the line does not say (verl_keys.VERL_DEFAULTS)
         for key, (verl_key, value) in verl_keys.VERL_DEFAULTS.items():
