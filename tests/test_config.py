@@ -92,7 +92,6 @@ def test_unknown_key_in_yaml_names_the_file(tmp_path):
          "data.batch_size (2) must be >= actor.ppo_mini_batch_size (4), as in verl"),
         (["data.batch_size=3", "rollout.n=1", "trainer.n_workers=2"],
          "data.batch_size * rollout.n (3 * 1 = 3 samples) must be divisible by trainer.n_workers (2), as in verl"),
-        (["algorithm.adv_estimator=rloo", "rollout.n=1"], "set rollout.n to 2 or more"),
         (["data.batch_size=0"], "data.batch_size=0 on the command line is out of range: it must be >= 1"),
     ],
 )
@@ -100,6 +99,15 @@ def test_sizes_that_do_not_divide_are_named(overrides, message):
     with pytest.raises(ConfigError) as info:
         load_config(None, overrides)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("overrides", [["algorithm.adv_estimator=rloo", "rollout.n=1"],
+                                       ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"]])
+def test_one_sample_per_prompt_under_a_group_estimator_runs_as_in_verl_and_says_so(overrides, capsys):
+    config = load_config(None, overrides)  # verl runs it: a group of one has no baseline
+    assert config.rollout.n == 1
+    err = capsys.readouterr().err
+    assert "each advantage is the sample's own score" in err and "set rollout.n to 2 or more" in err
 
 
 def test_broken_yaml_names_the_line(tmp_path):

@@ -179,7 +179,8 @@ def test_a_bad_setting_is_one_line_exit_2(override, words):
 
 
 def test_bypass_without_rollout_log_probs_and_the_hf_engine_are_refused():
-    code, _, err = compose("actor_rollout_ref.rollout.name=vllm", "algorithm.rollout_correction.bypass_mode=true")
+    code, _, err = compose("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.calculate_log_probs=false",
+                           "algorithm.rollout_correction.bypass_mode=true")  # verl's default is true
     assert code == 2 and "rollout.calculate_log_probs=true" in err
     code, _, err = compose("actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.calculate_log_probs=true",
                            "algorithm.rollout_correction.rollout_is=token")
@@ -187,7 +188,8 @@ def test_bypass_without_rollout_log_probs_and_the_hf_engine_are_refused():
 
 
 def test_without_calculate_log_probs_it_warns_that_it_does_nothing_as_in_verl():
-    code, _, err = compose("actor_rollout_ref.rollout.name=vllm", "algorithm.rollout_correction.rollout_is=token")
+    code, _, err = compose("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.calculate_log_probs=false",
+                           "algorithm.rollout_correction.rollout_is=token")
     assert code == 0 and "no effect without rollout.calculate_log_probs=true" in err
 
 

@@ -607,11 +607,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         set_value(config, key, value, origin)
     check_ranges(config, spelled)
     _set_world_size(config)
-    if verl_line and config.algorithm.adv_estimator in ("grpo", "rloo") and config.rollout.n < 2:
-        # verl runs it (its default of one sample per prompt: every advantage 0); validate would refuse it as ours
-        raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares samples of one prompt "
-                          f"and rollout.n is {config.rollout.n} (verl's default unless actor_rollout_ref.rollout.n is "
-                          "given): set it to 2 or more; " + verl_keys.not_here("as written, every advantage is 0"))
+    if warn and config.algorithm.adv_estimator in ("grpo", "rloo") and config.rollout.n < 2:
+        # verl runs it: a group of one has mean 0 and std 1 (core_algos.compute_grpo/rloo_outcome_advantage)
+        where = " (verl's default unless actor_rollout_ref.rollout.n is given)" if verl_line else ""
+        _warn(f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares samples of one prompt and "
+              f"rollout.n is {config.rollout.n}{where}: each advantage is the sample's own score, with no "
+              "baseline, as in verl; set rollout.n to 2 or more to compare samples")
     validate(config)
     config.spelled = spelled  # not a field (not in config.yaml): oom.py names a fix as the user wrote its key
     return config
@@ -702,8 +703,6 @@ def validate(config: Config) -> None:
         raise ConfigError(f"rollout.tensor_model_parallel_size={config.rollout.tensor_model_parallel_size} is "
                           "refused: " + verl_keys.not_here("this runtime runs one rollout engine per worker, each on "
                                                            "its share of the prompts (no tensor-parallel rollout)"))
-    if config.algorithm.adv_estimator in ("grpo", "rloo") and config.rollout.n < 2:
-        raise ConfigError(f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares samples of one prompt: set rollout.n to 2 or more")
 
 
 def _check_batch_sizes(config: Config) -> None:
