@@ -120,15 +120,18 @@ def test_a_failed_run_says_why_in_status(tmp_path):
     runs = tmp_path / "runs"
     launched = cli("run", QUICKSTART, "--target", "local", "--runs-dir", runs, "--run-id", "bad",
                    "--set", f"data.train_files={bad}", *[arg for s in SHORT for arg in ("--set", s)])
+    # the host reads the data before anything starts: one line, and no run is left behind
     assert launched.exit_code == 2
-    status = cli("status", "bad", "--runs-dir", runs)
-    assert status.stdout.startswith("bad  local  failed (exit 2)  ")
-    assert status.stdout.splitlines()[-1] == f"  error: {bad}: missing column(s) 'data_source', 'prompt', 'reward_model' (row 0); expected columns: data_source, prompt, reward_model"
+    assert launched.output.strip().splitlines()[-1] == f"error: data.train_files: {bad}: missing column(s) 'data_source', 'prompt', 'reward_model' (row 0); expected columns: data_source, prompt, reward_model"
+    assert not (runs / "bad").exists()
 
     direct = subprocess.run(train_args(f"data.train_files={bad}", "trainer.experiment_name=bad-direct"),
                             capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert direct.returncode == 2
     assert rows(runs)["bad-direct"][1:5] == ["direct", "verl-deploy", "failed", "-"]
+    status = cli("status", "bad-direct", "--runs-dir", runs)  # a run that failed in the trainer says why
+    assert status.stdout.startswith("bad-direct  direct  failed  ")
+    assert status.stdout.splitlines()[-1] == f"  error: {bad}: missing column(s) 'data_source', 'prompt', 'reward_model' (row 0); expected columns: data_source, prompt, reward_model"
     assert json.loads(cli("status", "bad-direct", "--runs-dir", runs, "--json").stdout)["detail"] == (
         direct.stderr.strip())
 

@@ -18,7 +18,8 @@ def run(run_dir, *overrides):
     """Two steps of GRPO on the toy task with verl's spelling of the keys, as a verl script would give them."""
     config = load_config(None, [
         "model.path=builtin:tiny", "trainer.device=cpu", f"trainer.run_dir={run_dir}", "data.toy_size=16",
-        "data.train_batch_size=4", "data.max_response_length=6", "data.max_prompt_length=64",
+        "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.max_response_length=6",
+        "data.max_prompt_length=64",
         "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=2",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.tensorboard=false",
         "actor_rollout_ref.actor.optim.lr=1e-3", *overrides,

@@ -105,6 +105,7 @@ def main_ppo(run_dir, *overrides):
     command = [sys.executable, "-m", "verl_runtime.main_ppo", "algorithm.adv_estimator=grpo",
                "actor_rollout_ref.model.path=builtin:tiny", "trainer.device=cpu", f"trainer.run_dir={run_dir}",
                "data.train_files=toy:letter", "+data.toy_size=16", "data.train_batch_size=4",
+               "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                "data.max_response_length=8", "actor_rollout_ref.rollout.n=2", "trainer.total_training_steps=2",
                "trainer.test_freq=2", "trainer.logger=[console]", *overrides]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
