@@ -154,6 +154,13 @@ def run(
 
     root = runs_dir or runs.default_runs_root()
     source = source_variant = source_image = None
+    if (verl_source or entry) and not resume:  # before the source is fetched or resolved
+        from verl_deploy import runtimes
+
+        try:
+            runtimes.trainer(runtime).check_verl_source("--verl-source" if verl_source else "--entry")
+        except ValueError as exc:
+            raise _launch_error(exc) from None
     if verl_source:
         try:
             if _in_host_python(target, container):  # no image to build or name
@@ -274,8 +281,8 @@ def _with_verl_source(spec, source, variant: str | None, entry: str | None, buil
     from verl_deploy.launchers.jobspec import command_of
     from verl_deploy.launchers.verl_command import entry_command
 
-    if not spec.upstream:
-        raise LaunchError("--verl-source and --entry are upstream verl's: add --runtime verl")
+    if not spec.upstream:  # a resumed run's runtime is its record's
+        raise LaunchError(f"{'--verl-source' if source is not None else '--entry'} is upstream verl's: add --runtime verl")
     record = runs.read_record(spec.run_dir) if resumed else {}
     trainer, labels = tuple(record.get("trainer") or ()), dict(record.get("verl_source") or {})
     if source is not None:
@@ -447,12 +454,15 @@ def status(
 
 def _source_defaults(src: str, runtime: str) -> list[str]:
     """The planner's verl keys that the --verl-source's own config sets otherwise, as overrides."""
+    from verl_deploy import runtimes
     from verl_deploy.launchers import LaunchError
     from verl_deploy.plan.workload import VERL_DEFAULTS
     from verl_deploy.verl_source import SourceError, default_overrides, resolve
 
-    if runtime != "verl":
-        raise LaunchError("--verl-source is upstream verl's: add --runtime verl")
+    try:
+        runtimes.trainer(runtime).check_verl_source()
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     try:
         return default_overrides(resolve(src), VERL_DEFAULTS)
     except SourceError as exc:
@@ -699,7 +709,9 @@ def _image_error(exc: Exception, code: int = 1) -> typer.Exit:
 
 def _print_pushed(console, ref: str, runtime: str) -> None:
     """The pushed reference (pinned to its digest) and how a cluster runs it: a node pulls it by that digest."""
-    flags = "" if runtime == DEFAULT_RUNTIME else f" --runtime {runtime}"
+    from verl_deploy import runtimes
+
+    flags = (" " + runtimes.trainer(runtime).flag).rstrip()
     console.print(f"pushed {ref}", markup=False)  # an IPv6 registry's [::1] is no markup
     console.print(f"run it on Kubernetes: verl-deploy run CONFIG --target k8s{flags} --image {ref}", markup=False)
 
@@ -794,7 +806,7 @@ def images_push(
     pinned to the registry's digest, the --image for `run --target k8s`."""
     from rich.console import Console
 
-    from verl_deploy import images
+    from verl_deploy import images, runtimes
     from verl_deploy.images.registry import check_registry, publish
 
     console = Console(highlight=False, soft_wrap=True)
@@ -804,7 +816,7 @@ def images_push(
             local, missing = tag, "`docker images` lists the local images"
         else:
             name = images.resolve_variant(variant, runtime)
-            flags = f"--variant {name}" + ("" if runtime == DEFAULT_RUNTIME else f" --runtime {runtime}")
+            flags = f"--variant {name} {runtimes.trainer(runtime).flag}".rstrip()
             local = images.image_tag(name, runtime_name=runtime)
             missing = f"build it first (verl-deploy images build {flags}), or name a local image with --tag"
     except images.ImageError as exc:  # the registry's spelling, an unknown variant: before the engine is asked

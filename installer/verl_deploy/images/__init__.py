@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from verl_deploy import host_facts
+from verl_deploy import host_facts, runtimes
 from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_deploy.images.context import (
     BuildOptions, ImageError, build_defaults, host_ca_bundle, image_tag, runtime, source_tag, variant,
@@ -60,8 +60,10 @@ def plan_build(
     if verl_source is not None:
         from verl_deploy.verl_source import choose_pins
 
-        if runtime_name != "verl":
-            raise ImageError("--verl-source is the verl runtime's: add --runtime verl")
+        try:
+            runtimes.trainer(runtime_name).check_verl_source()
+        except ValueError as exc:
+            raise ImageError(str(exc)) from None
         pins = choose_pins(verl_source, variant_name)
         name = pins.variant.name
         notes.append(f"verl source {verl_source.location} (commit {(verl_source.commit or 'none')[:12]}"

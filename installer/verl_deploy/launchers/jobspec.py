@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from verl_deploy import assets, compat, gpu_types, sizes
+from verl_deploy import assets, compat, gpu_types, runtimes, sizes
 from verl_deploy.launchers import verl_command
 from verl_deploy.sizes import Gpus, parse_gpus
 from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR  # noqa: F401 (the launchers read them from here)
@@ -197,7 +197,7 @@ class JobSpec:
     @property
     def upstream(self) -> bool:
         """Upstream verl trains (its main_ppo), not verl-deploy's runtime."""
-        return self.runtime != compat.DEFAULT_RUNTIME
+        return not runtimes.trainer(self.runtime).own
 
     @property
     def working_dir(self) -> str | None:
@@ -289,14 +289,13 @@ def refuse_empty(path: Path) -> None:
                           "leave CONFIG out for the defaults with overrides after -- (`-- KEY=VALUE ...`)")
 
 
-def check_overrides(overrides) -> tuple[str, ...]:
-    """KEY=VALUE overrides as the runtime takes them (verl's `+key=value` is `key=value` here); LaunchError (one
-    line) for one that is not KEY=VALUE."""
-    for override in overrides:
-        if "=" not in override:
-            hint = " (dropping a key, ~key, is for python -m verl_runtime.main_ppo)" if override.startswith("~") else ""
-            raise LaunchError(f"override {override!r} needs the form key=value{hint}")
-    return tuple(override.lstrip("+") for override in overrides)
+def check_overrides(overrides, runtime: str = compat.DEFAULT_RUNTIME) -> tuple[str, ...]:
+    """The overrides as the runtime's trainer takes them (runtimes.Trainer.check_overrides: ours reads verl's
+    `+key=value` as `key=value`); LaunchError (one line) for one it does not take."""
+    try:
+        return runtimes.trainer(runtime).check_overrides(overrides)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def load_checked(path: Path | None, overrides: tuple[str, ...], warn: bool = True):
@@ -767,19 +766,18 @@ def build_spec(
                           "host's /dev/shm (the host's size), --shm-size gives the run one of its own: keep "
                           f"--shm-size {sizes.docker_size(shm_size)} (a /dev/shm of that size, the run's alone), or "
                           "--ipc-host alone where its containers must share the host's memory")
-    if runtime != compat.DEFAULT_RUNTIME:
-        if config is not None:
-            raise LaunchError(f"--runtime {runtime} takes no CONFIG file: verl's config is its overrides, "
-                              "`verl-deploy run --runtime verl -- KEY=VALUE ...`")
-        try:
-            config_path, overrides = None, verl_command.check_overrides(overrides)
-        except ValueError as exc:
-            raise LaunchError(str(exc)) from None
+    trainer = runtimes.trainer(runtime)
+    try:
+        trainer.check_config(config)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
+    overrides = check_overrides(overrides, runtime)
+    if not trainer.takes_config:  # verl's overrides are its whole config, the world size among them
+        config_path = None
         gpus, nodes = verl_world(overrides, gpus, nodes)
         reward_file, reward_name = None, ""
     else:
         config_path = config_file(config)
-        overrides = check_overrides(overrides)
         loaded = load_checked(config_path, overrides)  # its warnings (verl keys without effect here) shown once
         gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
         reward_file, reward_name = host_reward_file(check_config(loaded, gpus, nodes).reward.function)

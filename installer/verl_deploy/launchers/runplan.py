@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from verl_deploy import compat, runs
+from verl_deploy import compat, runs, runtimes
 from verl_deploy.launchers.jobspec import (
     JobSpec, LaunchError, build_spec, check_before_launch, check_overrides, cluster_options, gpus_of, parse_env,
     refuse_empty,
@@ -135,15 +135,12 @@ def config_and_overrides(args, settings, runtime: str = compat.DEFAULT_RUNTIME) 
     """`run`'s and `plan`'s arguments: an optional CONFIG file first, then KEY=VALUE overrides (verl's: +key=value
     too), which come after the --set ones; LaunchError for one that is not KEY=VALUE. Upstream verl's are kept as
     given (Hydra's +key, ++key and ~key)."""
-    from verl_deploy.launchers import verl_command
-
     args, config = list(args), None
     if args and "=" not in args[0] and not args[0].startswith(("+", "~")):
         config, args = Path(args[0]), args[1:]
         if config.expanduser().is_file():  # a missing one: each reader says so in its words
             refuse_empty(config.expanduser())
-    check = check_overrides if runtime == compat.DEFAULT_RUNTIME else verl_command.check_overrides
-    return config, list(check([*settings, *args]))
+    return config, list(check_overrides([*settings, *args], runtime))
 
 
 def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | None = None) -> RunPlan:
@@ -166,7 +163,7 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
     target, gpus, nodes, image, changes = request.target, request.gpus, request.nodes, request.image, []
     if resume:
         again = runs.plan_resume(runs_root, resume, config=config, target=target, overrides=overrides, gpus=gpus,
-                                 nodes=nodes, image=image, needs_config=runtime == compat.DEFAULT_RUNTIME)
+                                 nodes=nodes, image=image, needs_config=runtimes.trainer(runtime).takes_config)
         config, target, overrides, gpus, nodes, image, changes = (
             again.config, again.target, again.overrides, again.gpus, again.nodes, again.image,
             again.changes + flag_changes)

@@ -7,26 +7,21 @@ from __future__ import annotations
 
 import re
 
+from verl_deploy.runtimes import VERL
 from verl_runtime.rundir import METRICS_FILE  # verl's `file` logger writes it too (VERL_FILE_LOGGER_PATH)
 
 # Where docker/verl.Dockerfile puts verl-deploy's secret-file loader, the image's entrypoint: a shell command (a Ray
 # head, a RayJob's entrypoint) names it itself.
 SECRETS_ENTRY = ("python3", "/opt/verl-deploy/secrets.py")
 # The keys the launcher sets unless the overrides do.
-GPUS_KEY, NODES_KEY = "trainer.n_gpus_per_node", "trainer.nnodes"
+GPUS_KEY, NODES_KEY = VERL.world_keys
 CHECKPOINTS_KEY, LOGGER_KEY = "trainer.default_local_dir", "trainer.logger"
 # (runs.flat_metrics reads its lines)
-# Hydra's override grammar, as far as telling a typo of the form from a key goes.
-_OVERRIDE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][\w.\-\[\]/@]*(=.*)?$", re.S)
 
 
 def check_overrides(overrides) -> tuple[str, ...]:
-    """verl's overrides as given; ValueError (one line) for one that is not of Hydra's forms."""
-    for override in overrides:
-        if not _OVERRIDE.match(override) or ("=" not in override and not override.startswith("~")):
-            raise ValueError(f"override {override!r} is not one verl takes: key=value, +key=value (a new key), "
-                             "++key=value or ~key (drop one)")
-    return tuple(overrides)
+    """verl's overrides as given; ValueError (one line) for one that is not of Hydra's forms (runtimes.VERL)."""
+    return VERL.check_overrides(overrides)
 
 
 def _key(override: str) -> str:

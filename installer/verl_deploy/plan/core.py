@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from verl_deploy import runtimes
 from verl_deploy.plan import lengths as lengths_mod
 from verl_deploy.plan.errors import PlanError
 from verl_deploy.plan.gpu import Device, from_reading, from_size, from_type, host_memory, host_ram_bytes, host_reading
 from verl_deploy.plan.memory import COMPONENTS, MemoryPlan, plan_memory
 from verl_deploy.plan.shape import ModelShape, model_shape, read_config
 from verl_deploy.plan.suggest import response_length_that_fits, suggest
-from verl_deploy.plan.workload import OURS, VERL, Workload, from_ours, from_verl, verl_data_files
+from verl_deploy.plan.workload import OURS, Workload, from_ours, from_verl, verl_data_files
 from verl_deploy.sizes import GiB, Gpus
 
 FITS, TIGHT, NO = "fits", "tight", "does not fit"
@@ -113,21 +114,20 @@ def plan(config: Path | None = None, overrides: Sequence[str] = (), *, runtime: 
         if value is not None and value < 1:
             raise PlanError(f"{flag} {value} must be at least 1 token")
     notes: list[str] = []
-    if runtime == OURS:
+    try:
+        trainer = runtimes.trainer(runtime)
+        trainer.check_config(config)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    if trainer.takes_config:  # our config, read by the runtime's own loader
         work, device, data_files, apply_template = _ours(config, overrides, gpus, nodes, gpu_type, gpu_memory,
                                                          this_host, notes)
-    elif runtime == VERL:
-        if config is not None:
-            raise PlanError("--runtime verl takes verl's overrides (after --), not a config file: verl's own YAML "
-                            "files are Hydra configs this planner does not compose")
+    else:  # verl's overrides on verl 0.9.1's defaults (workload.from_verl)
         work, device = _verl(overrides, gpus, nodes, gpu_type, gpu_memory, this_host)
         data_files, apply_template = verl_data_files(overrides), True
-    else:
-        raise PlanError(f"--runtime {runtime!r}: use verl-deploy or verl")
     if not work.model_path:
         raise PlanError("no model: set actor_rollout_ref.model.path (or model.path)")
-    actor_key, critic_key = ("model.path", "critic.model_path") if runtime == OURS else (
-        "actor_rollout_ref.model.path", "critic.model.path")
+    actor_key, critic_key = trainer.model_keys
     shape = model_shape(work.model_path, actor_key)
     critic = (model_shape(work.critic_path, critic_key) if work.critic_path and work.critic_path != work.model_path
               else None)
@@ -390,7 +390,7 @@ def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = O
 
     unknown_gpu = Preflight("skipped", f"{NOT_PLANNED}: the cluster's GPU is unknown here (name it with --gpu-type "
                             "to check that the run fits)")
-    if target in CLUSTER_TARGETS and not gpu_type and (runtime != OURS or (gpus and gpus.wanted)):
+    if target in CLUSTER_TARGETS and not gpu_type and (not runtimes.trainer(runtime).own or (gpus and gpus.wanted)):
         return unknown_gpu
     try:
         result = plan(config, overrides, runtime=runtime, gpus=gpus, nodes=nodes, gpu_type=gpu_type,

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from verl_deploy import runtimes
 from verl_deploy.plan.errors import PlanError
 
-OURS, VERL = "verl-deploy", "verl"
+OURS, VERL = runtimes.OURS.name, runtimes.VERL.name  # the runtime a Workload is read for
 
 
 @dataclass(frozen=True)
