@@ -18,8 +18,8 @@ from verl_deploy.images import plan_build
 from verl_deploy.images.context import (
     DOCKER_DIR, build_args, context_members, dockerfile, image_tag, runtime_version, target,
 )
-from verl_deploy.launchers import LaunchError, upstream, verl_command
-from verl_deploy.launchers.jobspec import verl_world
+from verl_deploy.launchers import upstream, verl_command
+from verl_deploy.world import verl_world
 from verl_deploy.runs import flat_metrics, resume_overrides
 
 IMAGE = "verl-deploy:verl-0.9.1-cu130"
@@ -159,11 +159,11 @@ def test_overrides_are_kept_as_verl_takes_them():
 def test_gpus_and_nodes_become_verl_s_world_keys():
     assert verl_world([], parse_gpus("2"), 3) == (parse_gpus("2"), 3)
     assert verl_world(["trainer.n_gpus_per_node=4", "trainer.nnodes=2"], None, None) == (parse_gpus("4"), 2)
-    with pytest.raises(LaunchError, match="trainer.n_gpus_per_node=4 but --gpus 2"):
+    with pytest.raises(ValueError, match="trainer.n_gpus_per_node=4 but --gpus 2"):
         verl_world(["trainer.n_gpus_per_node=4"], parse_gpus("2"), None)
-    with pytest.raises(LaunchError, match="pass --gpus N"):
+    with pytest.raises(ValueError, match="pass --gpus N"):
         verl_world([], None, None)
-    with pytest.raises(LaunchError, match="--gpus all is not a count"):
+    with pytest.raises(ValueError, match="--gpus all is not a count"):
         verl_world([], parse_gpus("all"), None)
     args = verl_command.trainer_args(["trainer.logger=['console']"], 2, 3, "/workspace/runs/r")
     assert args[:3] == ["trainer.n_gpus_per_node=2", "trainer.nnodes=3",

@@ -16,6 +16,15 @@ from dataclasses import dataclass
 _HYDRA_OVERRIDE = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][\w.\-\[\]/@]*(=.*)?$", re.S)
 
 
+def given(overrides, key: str) -> str | None:
+    """The value the overrides give a key (the last one wins, as in Hydra), or None; `+key`/`++key` are the key."""
+    value = None
+    for override in overrides:
+        if override.lstrip("+~").split("=", 1)[0] == key and "=" in override:
+            value = override.split("=", 1)[1]
+    return value
+
+
 @dataclass(frozen=True)
 class Trainer:
     """One runtime's rules on the host."""
@@ -50,6 +59,19 @@ class Trainer:
                 hint = " (dropping a key, ~key, is for python -m verl_runtime.main_ppo)" if override.startswith("~") else ""
                 raise ValueError(f"override {override!r} needs the form key=value{hint}")
         return tuple(override.lstrip("+") for override in overrides)
+
+    def world(self, overrides) -> tuple[int | None, int | None]:
+        """GPUs per node and nodes as the overrides give them (world_keys; None where not given, and for a trainer
+        whose config holds them); ValueError (one line) for one that is not a whole number."""
+        if self.world_keys is None:
+            return None, None
+        counts = []
+        for key in self.world_keys:
+            text = given(overrides, key)
+            if text is not None and not text.isdigit():
+                raise ValueError(f"{key}={text} is not a count: give a whole number")
+            counts.append(None if text is None else int(text))
+        return counts[0], counts[1]
 
     def check_verl_source(self, flag: str = "--verl-source") -> None:
         """ValueError (one line) for --verl-source or --entry (a fork of verl, its command) given to a trainer that is

@@ -19,9 +19,8 @@ from typing import Callable, Iterator, Protocol
 from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_deploy.launchers.jobspec import JobSpec, LaunchError
 from verl_deploy.runs import RunStatus
+from verl_deploy.targets import CLUSTER_TARGETS, TARGETS  # noqa: F401 (callers read them from here too)
 
-TARGETS = ("local", "docker", "k8s", "slurm")
-CLUSTER_TARGETS = ("k8s", "slurm")  # their nodes are not this host: its GPUs and driver say nothing of them
 
 
 class Launcher(Protocol):

@@ -12,9 +12,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
 
 from verl_deploy import assets, compat, gpu_types, runtimes, sizes
+from verl_deploy.world import check_world, derive_world, verl_world, world_size
 from verl_deploy.launchers import verl_command
 from verl_deploy.sizes import Gpus, parse_gpus
 from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR  # noqa: F401 (the launchers read them from here)
@@ -317,66 +317,6 @@ def gpus_of(text: str | None) -> Gpus | None:
         return None
     with sizes_checked():
         return parse_gpus(text)
-
-
-def world_size(gpus: Gpus, nodes: int) -> int | None:
-    """Trainer workers, one per GPU: GPUs per node x nodes (None for none or --gpus all: the runtime counts them)."""
-    return gpus.number * nodes if gpus.number else None
-
-
-def derive_world(trainer, gpus: Gpus | None, nodes: int | None) -> tuple[Gpus, int]:
-    """--gpus and --nodes, derived from verl's trainer.n_gpus_per_node and trainer.nnodes when not given (None; GPUs
-    only where trainer.device is not cpu); LaunchError (one line) where the flags and the config disagree."""
-    per_node, config_nodes = trainer.n_gpus_per_node, trainer.nnodes
-    given, gpus = gpus is not None, gpus or Gpus()
-    with sizes_checked():
-        sizes.parse_nodes(nodes)
-    if per_node is not None and gpus.number is not None and gpus.wanted and gpus.number != per_node:
-        raise LaunchError(f"trainer.n_gpus_per_node={per_node} but --gpus {gpus} gives {gpus.number} per node: drop "
-                          "one of them or make them equal")
-    if config_nodes is not None and nodes is not None and nodes != config_nodes:
-        raise LaunchError(f"trainer.nnodes={config_nodes} but --nodes {nodes}: drop one of them or make them equal")
-    if not given and per_node is not None and trainer.device != "cpu":
-        gpus = Gpus(count=per_node)
-    return gpus, nodes or config_nodes or 1
-
-
-def verl_world(overrides, gpus: Gpus | None, nodes: int | None) -> tuple[Gpus, int]:
-    """--gpus and --nodes for an upstream verl run: the flags, else its trainer.n_gpus_per_node/trainer.nnodes
-    overrides; LaunchError (one line) where they disagree or no GPU count is known (verl trains on GPUs only, and
-    its default of 8 per node would ask for GPUs the host may not have)."""
-    try:
-        trainer = SimpleNamespace(n_gpus_per_node=verl_command.count(overrides, verl_command.GPUS_KEY),
-                                  nnodes=verl_command.count(overrides, verl_command.NODES_KEY), device="cuda")
-    except ValueError as exc:
-        raise LaunchError(str(exc)) from None
-    gpus, nodes = derive_world(trainer, gpus, nodes)
-    if gpus.number is None or not gpus.wanted:
-        raise LaunchError(f"upstream verl trains on GPUs and needs their count per node: pass --gpus N (or "
-                          f"{verl_command.GPUS_KEY}=N){'; --gpus all is not a count' if gpus.count < 0 else ''}")
-    return gpus, nodes
-
-
-def check_config(config, gpus: Gpus, nodes: int):
-    """Check a loaded config against the world size (sizes that must divide it), so that a mistake stops here with
-    the trainer's own one-line message, not after an image is started or a job scheduled. Returns the config, with
-    trainer.n_workers set to the world size: one worker per GPU asked for (None for --gpus all on one node: the
-    runtime counts them)."""
-    from verl_runtime.config import validate
-    from verl_runtime.errors import UserError
-
-    world = world_size(gpus, nodes)
-    asked = config.trainer.n_workers
-    if world and asked is not None and asked != world:
-        raise LaunchError(f"trainer.n_workers={asked} but --gpus {gpus} x --nodes {nodes} gives {world} GPUs, one "
-                          "worker each: drop trainer.n_workers or change --gpus/--nodes")
-    if world:
-        config.trainer.n_workers = world  # as `--set trainer.n_workers=<world>` will tell the trainer
-        try:
-            validate(config)
-        except UserError as exc:
-            raise LaunchError(str(exc)) from None
-    return config
 
 
 def host_locator(spec: JobSpec, target: str):
@@ -772,15 +712,18 @@ def build_spec(
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     overrides = check_overrides(overrides, runtime)
-    if not trainer.takes_config:  # verl's overrides are its whole config, the world size among them
-        config_path = None
-        gpus, nodes = verl_world(overrides, gpus, nodes)
-        reward_file, reward_name = None, ""
-    else:
-        config_path = config_file(config)
-        loaded = load_checked(config_path, overrides)  # its warnings (verl keys without effect here) shown once
-        gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
-        reward_file, reward_name = host_reward_file(check_config(loaded, gpus, nodes).reward.function)
+    try:  # the world size, resolved once (world.py)
+        if not trainer.takes_config:  # verl's overrides are its whole config, the world size among them
+            config_path = None
+            gpus, nodes = verl_world(overrides, gpus, nodes)
+            reward_file, reward_name = None, ""
+        else:
+            config_path = config_file(config)
+            loaded = load_checked(config_path, overrides)  # its warnings (verl keys without effect here) shown once
+            gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
+            reward_file, reward_name = host_reward_file(check_world(loaded, gpus, nodes).reward.function)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     with sizes_checked():  # the GPUs are known now: --gpus, or the config's
         sizes.check_gpu_memory(memory_given, memory, gpus)
     if data_dir is not None and not Path(data_dir).is_dir():

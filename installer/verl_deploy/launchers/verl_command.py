@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from verl_deploy import runtimes
 from verl_deploy.runtimes import VERL
 from verl_runtime.rundir import METRICS_FILE  # verl's `file` logger writes it too (VERL_FILE_LOGGER_PATH)
 
@@ -24,37 +25,13 @@ def check_overrides(overrides) -> tuple[str, ...]:
     return VERL.check_overrides(overrides)
 
 
-def _key(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0]
-
-
-def given(overrides, key: str) -> str | None:
-    """The value the overrides give a key (the last one wins, as in Hydra), or None."""
-    value = None
-    for override in overrides:
-        if _key(override) == key and "=" in override:
-            value = override.split("=", 1)[1]
-    return value
-
-
-def count(overrides, key: str) -> int | None:
-    """A count the overrides give (trainer.n_gpus_per_node, trainer.nnodes), or None; ValueError for one that is
-    not a whole number."""
-    text = given(overrides, key)
-    if text is None:
-        return None
-    if not text.isdigit():
-        raise ValueError(f"{key}={text} is not a count: give a whole number")
-    return int(text)
-
-
 def trainer_args(overrides, gpus_per_node: int, nodes: int, run_dir: str) -> list[str]:
     """main_ppo's arguments: the world size, the run directory's checkpoints and metrics file unless the overrides
     say otherwise, then the overrides as given."""
     args = []
     for key, value in ((GPUS_KEY, gpus_per_node), (NODES_KEY, nodes), (CHECKPOINTS_KEY, f"{run_dir}/checkpoints"),
                        (LOGGER_KEY, '["console","file"]')):
-        if given(overrides, key) is None:
+        if runtimes.given(overrides, key) is None:
             args.append(f"{key}={value}")
     return [*args, *overrides]
 

@@ -17,6 +17,8 @@ from verl_deploy.plan.shape import ModelShape, model_shape, read_config
 from verl_deploy.plan.suggest import response_length_that_fits, suggest
 from verl_deploy.plan.workload import OURS, Workload, from_ours, from_verl, verl_data_files
 from verl_deploy.sizes import GiB, Gpus
+from verl_deploy.targets import CLUSTER_TARGETS
+from verl_deploy.world import check_world, derive_world, verl_world
 
 FITS, TIGHT, NO = "fits", "tight", "does not fit"
 TIGHT_ABOVE = 0.90  # of the GPU's memory: above it the allocator's fragmentation and other processes decide
@@ -281,15 +283,13 @@ def _suggestions(result: Plan, shape: ModelShape, critic: ModelShape | None, cas
 
 
 def _ours(config, overrides, gpus, nodes, gpu_type, gpu_memory, this_host, notes):
-    from verl_deploy.launchers import LaunchError
-    from verl_deploy.launchers.jobspec import derive_world
     from verl_runtime.config import load_config
     from verl_runtime.errors import UserError
 
     try:
         cfg = load_config(config, list(overrides), warn=False)
         asked, nodes = derive_world(cfg.trainer, gpus, nodes)
-    except (UserError, LaunchError) as exc:
+    except (UserError, ValueError) as exc:
         raise PlanError(str(exc)) from None
     named = gpu_type or gpu_memory
     reading = host_reading() if this_host and not named and cfg.trainer.device != "cpu" else {}
@@ -315,21 +315,16 @@ def _ours(config, overrides, gpus, nodes, gpu_type, gpu_memory, this_host, notes
                          + ("(all this host shows)" if host_gpu and not named else "(give --gpus N for more)"))
     world = per_node * nodes
     try:
-        from verl_deploy.launchers.jobspec import check_config
-
-        check_config(cfg, Gpus(count=per_node), nodes)
-    except (UserError, LaunchError) as exc:
+        check_world(cfg, Gpus(count=per_node), nodes)
+    except ValueError as exc:
         raise PlanError(str(exc)) from None
     return from_ours(cfg, world, nodes, "cuda"), device, cfg.data.train_files, cfg.data.apply_chat_template
 
 
 def _verl(overrides, gpus, nodes, gpu_type, gpu_memory, this_host):
-    from verl_deploy.launchers import LaunchError
-    from verl_deploy.launchers.jobspec import verl_world
-
     try:
         asked, nodes = verl_world(list(overrides), gpus, nodes)
-    except LaunchError as exc:
+    except ValueError as exc:
         raise PlanError(str(exc)) from None
     host_gpu = from_reading(host_reading(), _indices(asked)) if this_host and not (gpu_type or gpu_memory) else None
     device = _gpu_device(gpu_type, gpu_memory, host_gpu, "verl trains on GPUs")
@@ -386,8 +381,6 @@ def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = O
     typical lengths do not fit); warns for "tight"; a run that could not be planned gets one line, "note: not planned
     for memory: <why>" (a model whose config.json cannot be had, offline or without the Hub, says so within
     seconds: shape.py), and goes on: the cluster or the container may have what this host lacks."""
-    from verl_deploy.launchers import CLUSTER_TARGETS
-
     unknown_gpu = Preflight("skipped", f"{NOT_PLANNED}: the cluster's GPU is unknown here (name it with --gpu-type "
                             "to check that the run fits)")
     if target in CLUSTER_TARGETS and not gpu_type and (not runtimes.trainer(runtime).own or (gpus and gpus.wanted)):
