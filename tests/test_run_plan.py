@@ -49,6 +49,20 @@ def test_gpus_are_parsed_once_per_run_on_every_target(target, tmp_path, count_gp
     assert not (tmp_path / "runs").exists(), "a dry run has no side effects"
 
 
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_config_is_read_once_per_run_on_every_target(target, tmp_path, monkeypatch):
+    """build_spec loads and checks it; the checks before launch and the memory plan read that one (JobSpec.loaded)."""
+    import verl_runtime.config
+
+    loads = []
+    real = verl_runtime.config.load_config
+    monkeypatch.setattr(verl_runtime.config, "load_config", lambda *a, **k: loads.append(a) or real(*a, **k))
+    result = CliRunner().invoke(app, ["run", str(QUICKSTART), "--target", target, "--dry-run", "--image",
+                                      "verl-deploy:test", "--image-preloaded", "--runs-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    assert len(loads) == 1
+
+
 def test_the_plan_is_pure_and_resolves_the_world_from_verl_s_keys(tmp_path):
     request = RunRequest(args=(str(QUICKSTART), "trainer.n_gpus_per_node=2", "trainer.nnodes=2",
                                "trainer.device=cuda"), target="k8s", run_id="planned")

@@ -239,7 +239,7 @@ def _preflight(spec, target: str):
     from verl_deploy.plan import preflight
 
     check = preflight(spec.config_path, spec.overrides, runtime=spec.runtime, target=target, gpus=spec.gpus,
-                      nodes=spec.nodes, gpu_type=spec.cluster.gpu_type)
+                      nodes=spec.nodes, gpu_type=spec.cluster.gpu_type, loaded=spec.loaded)
     if check.refuse:
         raise LaunchError(check.message)
     if check.status == "tight":

@@ -175,6 +175,9 @@ class JobSpec:
     # --verl-source), and that source's labels (path or URL, commit, dirty), which launch.json and `status` keep.
     trainer: tuple[str, ...] = ()
     verl_source: dict = field(default_factory=dict)
+    # The config as build_spec loaded and checked it (ours; None for upstream verl's): the checks before launch and
+    # the memory plan read it instead of loading it again. Not recorded: launch.json keeps the path and overrides.
+    loaded: object = field(default=None, compare=False, repr=False)
 
     def record(self) -> dict:
         """What launch.json keeps of the spec, so that `--resume` starts the run again as it was (secrets by
@@ -371,7 +374,7 @@ def check_before_launch(spec: JobSpec, target: str, container: str | None = None
     image named with --image). Upstream verl checks its own config."""
     if spec.upstream:
         return
-    config = load_checked(spec.config_path, spec.overrides, warn=False)
+    config = spec.loaded if spec.loaded is not None else load_checked(spec.config_path, spec.overrides, warn=False)
     check_paths(spec, target, config)
     check_installed(spec, config, target, container, catalog_variant)
     check_prompt_lengths(spec, config, target)
@@ -714,7 +717,7 @@ def build_spec(
     overrides = check_overrides(overrides, runtime)
     try:  # the world size, resolved once (world.py)
         if not trainer.takes_config:  # verl's overrides are its whole config, the world size among them
-            config_path = None
+            config_path, loaded = None, None  # verl checks its own config, in its image
             gpus, nodes = verl_world(overrides, gpus, nodes)
             reward_file, reward_name = None, ""
         else:
@@ -758,6 +761,7 @@ def build_spec(
         ipc_host=ipc_host,
         nodes=nodes,
         world_size=world_size(gpus, nodes),
+        loaded=loaded,
         reward_file=reward_file,
         reward_name=reward_name,
         hf_cache=Path(hf_cache).expanduser().resolve() if hf_cache else None,

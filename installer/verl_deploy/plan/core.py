@@ -109,9 +109,10 @@ class Plan:
 def plan(config: Path | None = None, overrides: Sequence[str] = (), *, runtime: str = OURS, gpus: Gpus | None = None,
          nodes: int | None = None, gpu_type: str | None = None, gpu_memory: str | None = None,
          prompt_length: int | None = None, response_length: int | None = None, read_data: bool = True,
-         with_suggestions: bool = True, this_host: bool = True) -> Plan:
+         with_suggestions: bool = True, this_host: bool = True, loaded=None) -> Plan:
     """Plan a run; PlanError (one line) for bad input. gpus: --gpus parsed (sizes.parse_gpus). `this_host`: the run is for this machine (its NVML reading
-    and memory may be read); otherwise only --gpu-type/--gpu-memory name the GPU."""
+    and memory may be read); otherwise only --gpu-type/--gpu-memory name the GPU. `loaded`: our config as `run`
+    already loaded it from config and overrides (not read again)."""
     for flag, value in (("--prompt-length", prompt_length), ("--response-length", response_length)):
         if value is not None and value < 1:
             raise PlanError(f"{flag} {value} must be at least 1 token")
@@ -123,7 +124,7 @@ def plan(config: Path | None = None, overrides: Sequence[str] = (), *, runtime: 
         raise PlanError(str(exc)) from None
     if trainer.takes_config:  # our config, read by the runtime's own loader
         work, device, data_files, apply_template = _ours(config, overrides, gpus, nodes, gpu_type, gpu_memory,
-                                                         this_host, notes)
+                                                         this_host, notes, loaded)
     else:  # verl's overrides on verl 0.9.1's defaults (workload.from_verl)
         work, device = _verl(overrides, gpus, nodes, gpu_type, gpu_memory, this_host)
         data_files, apply_template = verl_data_files(overrides), True
@@ -282,12 +283,14 @@ def _suggestions(result: Plan, shape: ModelShape, critic: ModelShape | None, cas
 # --- reading the run ------------------------------------------------------------------------------------------
 
 
-def _ours(config, overrides, gpus, nodes, gpu_type, gpu_memory, this_host, notes):
+def _ours(config, overrides, gpus, nodes, gpu_type, gpu_memory, this_host, notes, loaded=None):
+    import copy
+
     from verl_runtime.config import load_config
     from verl_runtime.errors import UserError
 
-    try:
-        cfg = load_config(config, list(overrides), warn=False)
+    try:  # a copy of the caller's: check_world below sets its world size
+        cfg = copy.deepcopy(loaded) if loaded is not None else load_config(config, list(overrides), warn=False)
         asked, nodes = derive_world(cfg.trainer, gpus, nodes)
     except (UserError, ValueError) as exc:
         raise PlanError(str(exc)) from None
@@ -372,7 +375,8 @@ class Preflight:
 
 
 def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = OURS, target: str = "docker",
-              gpus: Gpus | None = None, nodes: int | None = None, gpu_type: str | None = None) -> Preflight:
+              gpus: Gpus | None = None, nodes: int | None = None, gpu_type: str | None = None,
+              loaded=None) -> Preflight:
     """Plan a run before `run` starts anything. Never raises: bad input the run itself would refuse is left to it.
 
     local and docker runs are planned for this host's GPUs (or its memory, for a CPU run); a k8s run for --gpu-type
@@ -387,7 +391,7 @@ def preflight(config: Path | None, overrides: Sequence[str], *, runtime: str = O
         return unknown_gpu
     try:
         result = plan(config, overrides, runtime=runtime, gpus=gpus, nodes=nodes, gpu_type=gpu_type,
-                      read_data=False, this_host=target not in CLUSTER_TARGETS)
+                      read_data=False, this_host=target not in CLUSTER_TARGETS, loaded=loaded)
     except _NoGpu:  # a GPU run whose GPU is not named, and none on this host
         return unknown_gpu if target in CLUSTER_TARGETS else Preflight(
             "skipped", f"{NOT_PLANNED}: the run asks for GPUs and this host shows none (`verl-deploy plan "
