@@ -167,3 +167,27 @@ def test_run_resume_dry_run_prints_the_recorded_namespace_and_the_changes_it_mak
     workload = [doc for doc in yaml.safe_load_all(result.stdout) if doc][-1]
     assert workload["metadata"]["namespace"] == "team-a"
     assert workload["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "16"
+
+
+def test_every_kept_launch_flag_goes_through_launch_json_and_back():
+    """A field of RunRequest marked kept() needs no other code to be recorded and restored by --resume: given a value
+    of its own type, it comes back from the record (as launch.json holds it, through JSON) unchanged."""
+    import dataclasses
+    import json
+
+    from verl_deploy.launchers.runplan import RESUMED_FLAGS, given_flags, resumed_request
+
+    samples = {bool: True, int: 300}
+    asked = {}
+    for item in dataclasses.fields(RunRequest):
+        if item.name in RESUMED_FLAGS:
+            default = item.default
+            asked[item.name] = samples.get(type(default)) if default is not None else f"{item.name}-value"
+            if isinstance(default, tuple):
+                asked[item.name] = (f"{item.name}=a", f"{item.name}=b")
+            if item.name == "grace_period":
+                asked[item.name] = 300
+    assert set(asked) == set(RESUMED_FLAGS) and "priority_class" in asked
+    record = json.loads(json.dumps({"flags": given_flags(RunRequest(**asked))}))
+    restored, changes = resumed_request(RunRequest(resume="r1"), record)
+    assert {name: getattr(restored, name) for name in RESUMED_FLAGS} == asked and changes == []

@@ -21,10 +21,18 @@ from verl_deploy.launchers.jobspec import (
 )
 
 
+_KEPT = "kept in launch.json"
+
+
+def kept(default=None):
+    """A launch flag of RunRequest that launch.json keeps ("flags", as given) and `run --resume` restores."""
+    return dataclasses.field(default=default, metadata={_KEPT: True})
+
+
 @dataclass(frozen=True)
 class RunRequest:
     """What the user asked for, as given (strings unparsed); None: not given (a default, or on --resume the
-    run's recorded value)."""
+    run's recorded value). A launch flag marked kept() is recorded in launch.json and restored by --resume."""
 
     args: tuple[str, ...] = ()  # [CONFIG] then KEY=VALUE overrides (verl's way)
     settings: tuple[str, ...] = ()  # --set KEY=VALUE
@@ -32,25 +40,25 @@ class RunRequest:
     gpus: str | None = None
     nodes: int | None = None
     image: str | None = None
-    variant: str | None = None
+    variant: str | None = kept()
     runtime: str | None = None
-    env: tuple[str, ...] = ()
-    cpus: str | None = None
-    memory: str | None = None
-    shm_size: str | None = None
-    ipc_host: bool = False
-    data: str | None = None
-    hf_cache: str | None = None
-    data_size: str | None = None
-    storage_class: str | None = None
-    namespace: str | None = None  # None: "default", or on --resume the run's
-    node_selector: tuple[str, ...] = ()
-    gpu_type: str | None = None
-    priority_class: str | None = None
-    service_account: str | None = None
-    image_pull_secrets: tuple[str, ...] = ()
-    image_preloaded: bool = False
-    grace_period: int | None = None
+    env: tuple[str, ...] = kept(())
+    cpus: str | None = kept()
+    memory: str | None = kept()
+    shm_size: str | None = kept()
+    ipc_host: bool = kept(False)
+    data: str | None = kept()
+    hf_cache: str | None = kept()
+    data_size: str | None = kept()
+    storage_class: str | None = kept()
+    namespace: str | None = kept()  # None: "default", or on --resume the run's
+    node_selector: tuple[str, ...] = kept(())
+    gpu_type: str | None = kept()
+    priority_class: str | None = kept()
+    service_account: str | None = kept()
+    image_pull_secrets: tuple[str, ...] = kept(())
+    image_preloaded: bool = kept(False)
+    grace_period: int | None = kept()
     run_id: str | None = None
     resume: str | None = None
     dry_run: bool = False
@@ -75,9 +83,7 @@ class RunPlan:
 
 # The launch flags a run keeps in launch.json ("flags", as given) so that `run --resume` starts it again as it
 # was: its resources, volumes, namespace and scheduling. One given now replaces the recorded one, and is shown.
-RESUMED_FLAGS = ("variant", "env", "cpus", "memory", "shm_size", "ipc_host", "data", "hf_cache", "data_size",
-                 "storage_class", "namespace", "node_selector", "gpu_type", "priority_class", "service_account",
-                 "image_pull_secrets", "image_preloaded", "grace_period")
+RESUMED_FLAGS = tuple(f.name for f in dataclasses.fields(RunRequest) if f.metadata.get(_KEPT))
 _FLAG_NAMES = {"image_pull_secrets": "--image-pull-secret"}  # the CLI's singular, repeatable option
 _EXCLUSIVE = (("ipc_host", "shm_size"), ("shm_size", "ipc_host"))  # (given now, the recorded one it replaces)
 
