@@ -144,64 +144,33 @@ def run(
     entry: str = typer.Option(None, "--entry", help="With --runtime verl: what trains instead of -m verl.trainer.main_ppo: a module (-m recipe.dapo.main_dapo) or a script of the --verl-source (recipe/dapo/main_dapo.py)."),
 ) -> None:
     """Train with CONFIG on this host (local), in a container (docker) or on a cluster (k8s, slurm)."""
-    import dataclasses
-
     from verl_deploy import runs
-    from verl_deploy.launchers import LaunchError, ensure_default_image, get_launcher
+    from verl_deploy.launchers import LaunchError, get_launcher, prepare
     from verl_deploy.launchers.runplan import RunRequest, plan_run
 
-    from verl_deploy.verl_source import SourceError
-
     root = runs_dir or runs.default_runs_root()
-    source = source_variant = source_image = None
-    if (verl_source or entry) and not resume:  # before the source is fetched or resolved
-        from verl_deploy import runtimes
-
-        try:
-            runtimes.trainer(runtime).check_verl_source("--verl-source" if verl_source else "--entry")
-        except ValueError as exc:
-            raise _launch_error(exc) from None
-    if verl_source:
-        try:
-            if _in_host_python(target, container):  # no image to build or name
-                from verl_deploy.verl_source import resolve
-
-                source = resolve(verl_source)
-            else:
-                source, source_variant, source_image = _source_image(verl_source, variant, target, gpus)
-        except SourceError as exc:
-            raise _launch_error(exc) from None
+    try:
+        source = prepare.verl_source(verl_source, entry, runtime=runtime, resume=resume, target=target,
+                                     container=container, variant=variant, gpus=gpus)
+    except (LaunchError, ValueError) as exc:
+        raise _launch_error(exc) from None
     request = RunRequest(
         args=tuple(args or ()), settings=tuple(overrides), target=target, gpus=gpus, nodes=nodes,
-        image=image or source_image, variant=None if verl_source else variant, runtime=runtime, env=tuple(env), cpus=cpus, memory=memory, shm_size=shm_size,
+        image=image or source.image, variant=None if verl_source else variant, runtime=runtime, env=tuple(env), cpus=cpus, memory=memory, shm_size=shm_size,
         ipc_host=ipc_host, data=data, hf_cache=hf_cache, data_size=data_size, storage_class=storage_class,
         namespace=namespace, node_selector=tuple(node_selector), gpu_type=gpu_type, priority_class=priority_class,
         service_account=service_account, image_pull_secrets=tuple(image_pull_secret),
         image_preloaded=image_preloaded, grace_period=grace_period, run_id=run_id, resume=resume, dry_run=dry_run,
         partition=partition, account=account, time_limit=time_limit, container=container,
     )
+    say = lambda line: typer.echo(line, err=True)  # noqa: E731 (the user's lines go to stderr)
     try:
         planned = plan_run(request, root)
-        spec = planned.spec
         for change in planned.resume_changes:
-            typer.echo(f"resume {resume}: {change}", err=True)
-        not_planned = None
-        if not no_plan:
-            spec, not_planned = _preflight(spec, planned.target)
+            say(f"resume {resume}: {change}")
+        spec, not_planned = prepare.prepare(planned, root, source=source, entry=entry, image_given=image is not None,
+                                            dry_run=dry_run, no_plan=no_plan, say=say)
         launcher = get_launcher(planned.target, root, spec.namespace, slurm=planned.slurm)
-        if source or entry or (resume and spec.upstream):
-            build = source is not None and image is None and planned.target == "docker" and not dry_run
-            spec = _with_verl_source(spec, source, source_variant, entry, build, bool(resume))
-        if planned.build_image:  # only once the config and flags are known to be good: a build takes minutes
-            spec = dataclasses.replace(spec, image=ensure_default_image(planned.variant, spec.runtime))
-        if spec.upstream and _in_host_python(planned.target, planned.slurm.container if planned.slurm else None):
-            if planned.target == "local":
-                launcher.environment(spec)  # the host's GPUs first: without them verl cannot train here at all
-            _check_host_verl(spec, source, planned.target)
-        elif spec.upstream:
-            _check_with_verl(spec)
-        if planned.target == "docker":
-            _warn_if_stale(spec.image)
         if dry_run:
             text = launcher.dry_run(spec)  # a run the launcher refuses says only why
             if not_planned:
@@ -227,122 +196,6 @@ def run(
     if not detach:
         typer.echo(f"run {spec.run_id} ended with exit code {code}; run directory: {spec.run_dir}", err=True)
     raise typer.Exit(code)
-
-
-def _preflight(spec, target: str):
-    """Plan the run's memory before anything is created (verl_deploy.plan): refuse one that does not fit, in one line
-    with the cheapest fix, and warn when it is tight. The spec, with the plan in the trainer's environment, and the
-    line that says why the run could not be planned (None when it was): `run` prints it, on stderr, once the
-    launcher has taken the run (a run it refuses says only why), so that no run goes unplanned in silence."""
-    from verl_deploy.launchers import LaunchError
-    from verl_deploy.launchers.jobspec import with_plan
-    from verl_deploy.plan import preflight
-
-    check = preflight(spec.config_path, spec.overrides, runtime=spec.runtime, target=target, gpus=spec.gpus,
-                      nodes=spec.nodes, gpu_type=spec.cluster.gpu_type, loaded=spec.loaded)
-    if check.refuse:
-        raise LaunchError(check.message)
-    if check.status == "tight":
-        typer.echo(check.message, err=True)
-    if check.plan is None:  # not planned: a cluster's unknown GPU, a model not at hand, ...
-        return spec, check.message
-    return with_plan(spec, check.plan.for_trainer()), None
-
-
-def _warn_if_stale(image: str) -> None:
-    """One line when the local image would train other code than this CLI's (images/stale.py)."""
-    from verl_deploy.images.stale import local_labels, warning
-
-    labels = local_labels(image)
-    if labels and (line := warning(image, labels)):
-        typer.echo(line, err=True)
-
-
-def _source_image(src: str, variant: str | None, target: str | None, gpus: str | None):
-    """--verl-source resolved, with the variant its pins run on (a cluster's GPU nodes: the newest CUDA that runs
-    them) and the tag of its image; before the run is planned, so that the plan names that image."""
-    from verl_deploy.images.context import source_tag
-    from verl_deploy.launchers import CLUSTER_TARGETS
-    from verl_deploy.verl_source import choose_pins, resolve
-
-    source = resolve(src)
-    cluster = target in CLUSTER_TARGETS and gpus not in (None, "0")
-    name = choose_pins(source, variant or "auto", cluster_gpus=cluster).variant.name
-    return source, name, source_tag(source, name)
-
-
-def _with_verl_source(spec, source, variant: str | None, entry: str | None, build: bool, resumed: bool):
-    """The run with --verl-source (its image built from the source first when `build`: docker, no --image, not a
-    dry run) and --entry (the trainer's command); a resumed run keeps the ones it was started with (launch.json)."""
-    import dataclasses
-
-    from verl_deploy import images, runs
-    from verl_deploy.launchers import LaunchError
-    from verl_deploy.launchers.jobspec import command_of
-    from verl_deploy.launchers.verl_command import entry_command
-
-    if not spec.upstream:  # a resumed run's runtime is its record's
-        raise LaunchError(f"{'--verl-source' if source is not None else '--entry'} is upstream verl's: add --runtime verl")
-    record = runs.read_record(spec.run_dir) if resumed else {}
-    trainer, labels = tuple(record.get("trainer") or ()), dict(record.get("verl_source") or {})
-    if source is not None:
-        labels = {key.removeprefix("verl-deploy."): value for key, value in source.labels().items()}
-        # where it is on this host: a run in the host's Python puts it on PYTHONPATH (launchers/host_verl.py)
-        labels.update(root=str(source.root), package_parent=source.package_parent)
-        spec = dataclasses.replace(spec, variant=variant)
-        if build:
-            try:
-                spec = dataclasses.replace(spec, image=images.ensure_source(source, variant))
-            except images.ImageError as exc:
-                raise LaunchError(str(exc)) from None
-    if entry:
-        trainer = entry_command(entry, source.root if source else None)
-    spec = dataclasses.replace(spec, trainer=trainer, verl_source=labels)
-    return dataclasses.replace(spec, command=command_of(spec))
-
-
-def _in_host_python(target: str | None, container: str | None) -> bool:
-    """The trainer runs in a Python of the host, not in an image: local, and Slurm's --container none (its
-    default)."""
-    return target == "local" or (target == "slurm" and container in (None, "none"))
-
-
-def _check_host_verl(spec, source, target: str) -> None:
-    """Upstream verl in the host's python3 (launchers/host_verl.py): it has verl and what the source declares, and
-    the overrides compose by that verl's own config there; a Python without Hydra gets a note instead."""
-    from verl_deploy.launchers import host_verl, upstream
-
-    python = host_verl.python()
-    where = f"--runtime verl --target {target}" + (" --container none" if target == "slurm" else "")
-    found = host_verl.check(spec, source, python, where)
-    if not found["hydra"]:
-        typer.echo(f"note: {python} has no hydra-core, so verl's config has not checked the overrides (the trainer "
-                   "checks them when it starts)", err=True)
-        return
-    typer.echo(f"checking the overrides with verl's config in {python} (--cfg job)", err=True)
-    entry = tuple(host_verl.trainer(spec, python)[1:]) if spec.trainer else ()
-    upstream.check_on_host(python, host_verl.environment(spec), list(spec.command.host_args), entry)
-
-
-def _check_with_verl(spec) -> None:
-    """The overrides composed by verl's own config in its image (main_ppo --cfg job), when the image is on this
-    host; LaunchError with Hydra's message as one line. Where the image is not here (a cluster's, one to pull),
-    a note says the check waits for the trainer."""
-    import docker
-
-    from verl_deploy.launchers import LaunchError, upstream
-    from verl_deploy.launchers.docker import client
-
-    try:
-        engine = client()
-        engine.images.get(spec.image)
-    except (LaunchError, docker.errors.DockerException):  # no engine, or the image is elsewhere (a registry, a cluster)
-        typer.echo(f"note: {spec.image} is not on this host, so verl's config has not checked the overrides "
-                   "(the trainer checks them when it starts)", err=True)
-        return
-    typer.echo(f"checking the overrides with verl's config in {spec.image} (main_ppo --cfg job, validate_config)",
-               err=True)
-    upstream.check_in_image(engine, spec.image, list(spec.command.args), spec.trainer[1:])
 
 
 @app.command()

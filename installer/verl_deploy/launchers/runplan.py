@@ -79,6 +79,7 @@ class RunPlan:
     build_image: bool
     slurm: object | None = None  # launchers.slurm.SlurmOptions for a slurm run
     resume_changes: tuple[str, ...] = ()  # what --resume changed of the recorded launch, one line each
+    resumed: bool = False  # a --resume of a recorded run
 
 
 # The launch flags a run keeps in launch.json ("flags", as given) so that `run --resume` starts it again as it
@@ -234,4 +235,4 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
         slurm = SlurmOptions(partition=request.partition, account=request.account, time=request.time_limit,
                              container=request.container)
     return RunPlan(spec=spec, target=target, variant=variant, build_image=build_image, slurm=slurm,
-                   resume_changes=tuple(changes))
+                   resume_changes=tuple(changes), resumed=bool(resume))
