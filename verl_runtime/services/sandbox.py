@@ -1,0 +1,307 @@
+"""A code sandbox that speaks SandboxFusion's `run_code` HTTP API, for tool-calling RL (issue #40).
+
+verl's code tools and its sandbox_fusion reward scorer (verl/utils/reward_score/sandbox_fusion/utils.py,
+call_sandbox_api) POST {"code", "language", "stdin", "run_timeout", "compile_timeout", "memory_limit_MB", "files",
+"fetch_files"} to a `.../run_code` URL and read back SandboxFusion's reply: {"status": "Success" | "Failed" |
+"SandboxError", "message", "compile_result", "run_result": {"status": "Finished" | "TimeLimitExceeded" | "Error",
+"execution_time", "return_code", "stdout", "stderr"}, "executor_pod_name", "files"}. Pointing such a URL here works
+for our runtime and for upstream verl alike.
+
+Each request runs untrusted code in a child process that is limited by the kernel, not by the code's good will:
+- no network: a network namespace of its own (only a loopback that is down), unless the server is started with
+  --network-isolation external, which says the container it runs in has none (`docker run --network none`, a
+  Kubernetes NetworkPolicy that denies egress);
+- not root: a server running as root drops the child to nobody (65534), in a user namespace or by setuid;
+- CPU time, address space (memory_limit_MB), wall time (run_timeout; the child's whole process group is killed),
+  output (stdout and stderr are files limited by RLIMIT_FSIZE: a flood ends the child, what it wrote up to the limit
+  is returned), processes, and a working directory of its own that is removed afterwards;
+- an environment of its own: nothing of the server's (no tokens, no credentials) reaches the code.
+
+Run it: `python -m verl_runtime.services.sandbox --port 8080` (GET /health for readiness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+NOBODY = 65534
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+# python: this Python in isolated mode (-I: no PYTHON* variables, no user site), with the packages it has (where
+# the sandbox user cannot reach it, e.g. under a root-only home, the system's python3)
+LANGUAGES = {"python": ("main.py", ("python", "-I", "main.py")), "bash": ("main.sh", ("bash", "main.sh"))}
+MAX_REQUEST_BYTES = 1 << 20  # the code and its stdin
+ISOLATIONS = ("namespace", "external")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one run may use; a request asks for its time and memory within the server's ceilings."""
+
+    run_timeout_s: float = 10.0  # default wall time of a run
+    max_run_timeout_s: float = 60.0
+    memory_mb: int = 1024  # default address space (SandboxFusion's memory_limit_MB)
+    max_memory_mb: int = 4096
+    output_bytes: int = 64 * 1024  # per stream; also the largest file the code may write
+    processes: int = 64  # threads and processes of the sandbox user (RLIMIT_NPROC)
+
+
+class SandboxError(ValueError):
+    """A request the sandbox cannot run (SandboxFusion's "SandboxError" status), one line."""
+
+
+def _libc_unshare(flags: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(flags) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+
+
+def _confine(limits: Limits, run_timeout: float, memory_mb: int, isolation: str):
+    """The child's set-up between fork and exec: its own network (none) and user, then the kernel's limits."""
+    as_root = os.geteuid() == 0
+
+    def confine() -> None:
+        if isolation == "namespace":
+            _libc_unshare(CLONE_NEWNET if as_root else CLONE_NEWUSER | CLONE_NEWNET)
+        if as_root:  # never run the code as root
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+        cpu = math.ceil(run_timeout) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.output_bytes, limits.output_bytes))
+        if as_root:  # nobody's processes (as another user, a container's pids limit bounds them)
+            resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # a flood of output ends the child (Python's own: EFBIG)
+
+    return confine
+
+
+def _number(request: dict, key: str, default: float, ceiling: float) -> float:
+    value = request.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise SandboxError(f"{key} must be a positive number, got {value!r}")
+    return min(float(value), ceiling)
+
+
+def run_code(request: dict, limits: Limits = Limits(), isolation: str = "namespace") -> dict:
+    """One SandboxFusion run_code request run to its end or its limits; the reply in SandboxFusion's shape."""
+    try:
+        language = request.get("language", "python")
+        if language not in LANGUAGES:
+            raise SandboxError(f"language {language!r} is not run here: {', '.join(LANGUAGES)}")
+        code, stdin = request.get("code"), request.get("stdin") or ""
+        if not isinstance(code, str) or not isinstance(stdin, str):
+            raise SandboxError("code (and stdin, if given) must be strings")
+        if request.get("files") or request.get("fetch_files"):
+            raise SandboxError("files and fetch_files are not supported here: put the data in the code or stdin")
+        run_timeout = _number(request, "run_timeout", limits.run_timeout_s, limits.max_run_timeout_s)
+        memory_mb = int(_number(request, "memory_limit_MB", limits.memory_mb, limits.max_memory_mb))
+    except SandboxError as exc:
+        return _reply("SandboxError", str(exc), None)
+    workdir = Path(tempfile.mkdtemp(prefix="sandbox-"))
+    try:
+        return _run(code, stdin, language, run_timeout, memory_mb, limits, isolation, workdir)
+    except (OSError, subprocess.SubprocessError) as exc:  # the child could not be confined: it never ran
+        return _reply("SandboxError", f"the run could not be started in its confinement: {exc}", None)
+    except SandboxError as exc:
+        return _reply("SandboxError", str(exc), None)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _open_to_others(path: str) -> bool:
+    """Whether a user with no rights of its own (nobody) may run the file: every folder on its way searchable."""
+    real = Path(os.path.realpath(path))
+    try:
+        if not real.stat().st_mode & stat.S_IXOTH:
+            return False
+        return all(parent.stat().st_mode & stat.S_IXOTH for parent in real.parents)
+    except OSError:
+        return False
+
+
+def _python() -> str:
+    """The Python a run uses: this one, or where the sandbox drops to nobody and cannot reach it, the system's."""
+    if os.geteuid() != 0 or _open_to_others(sys.executable):
+        return sys.executable
+    for candidate in ("/usr/local/bin/python3", "/usr/bin/python3"):
+        if _open_to_others(candidate):
+            return candidate
+    raise SandboxError(f"no Python that the sandbox user (nobody) may run: {sys.executable} is under a folder "
+                       "closed to others; install python3 in /usr/bin or run the sandbox as a user of its own")
+
+
+def _run(code, stdin, language, run_timeout, memory_mb, limits, isolation, workdir: Path) -> dict:
+    name, command = LANGUAGES[language]
+    if command[0] == "python":
+        command = (_python(), *command[1:])
+    (workdir / name).write_text(code)
+    (workdir / "stdin").write_text(stdin)
+    if os.geteuid() == 0:
+        os.chown(workdir, NOBODY, NOBODY)
+    workdir.chmod(0o777 if os.geteuid() == 0 else 0o700)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+    started = time.monotonic()
+    with open(workdir / "stdin", "rb") as given, open(workdir / ".stdout", "wb+") as out, \
+            open(workdir / ".stderr", "wb+") as err:
+        child = subprocess.Popen(command, cwd=workdir, env=env, stdin=given, stdout=out, stderr=err,
+                                 start_new_session=True, close_fds=True,
+                                 preexec_fn=_confine(limits, run_timeout, memory_mb, isolation))
+        try:
+            returned = child.wait(timeout=run_timeout)
+        except subprocess.TimeoutExpired:
+            returned = None
+        _kill_group(child.pid)  # what the code left behind (a background process) ends with it
+        child.wait()
+        elapsed = time.monotonic() - started
+        flooded = max(os.fstat(out.fileno()).st_size, os.fstat(err.fileno()).st_size) >= limits.output_bytes
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read(limits.output_bytes).decode("utf-8", "replace")
+        stderr = err.read(limits.output_bytes).decode("utf-8", "replace")
+    if returned is None:
+        return _reply("Failed", "", _result("TimeLimitExceeded", elapsed, None, stdout, stderr))
+    if flooded:
+        stderr += f"\n[sandbox] output limit reached ({limits.output_bytes} bytes per stream): stopped"
+    elif returned in (-signal.SIGXCPU, -signal.SIGKILL):
+        stderr += "\n[sandbox] CPU time limit reached: killed"
+    status = "Finished" if returned >= 0 else "Error"
+    return _reply("Success" if status == "Finished" and returned == 0 else "Failed", "",
+                  _result(status, elapsed, returned, stdout, stderr))
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _result(status: str, elapsed: float, code: int | None, stdout: str, stderr: str) -> dict:
+    return {"status": status, "execution_time": round(elapsed, 3), "return_code": code, "stdout": stdout,
+            "stderr": stderr}
+
+
+def _reply(status: str, message: str, run_result: dict | None) -> dict:
+    return {"status": status, "message": message, "compile_result": None, "run_result": run_result,
+            "executor_pod_name": None, "files": {}}
+
+
+def check_isolation(isolation: str) -> None:
+    """ValueError (one line) where this host cannot cut a child off the network and nothing else does."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"--network-isolation {isolation!r}: use {' or '.join(ISOLATIONS)}")
+    if isolation == "external":
+        return
+    probe = run_code({"code": "print('ok')", "run_timeout": 10}, Limits(), isolation)
+    if probe["status"] != "Success":
+        why = probe["message"] or ((probe["run_result"] or {}).get("stderr") or "").strip()
+        raise ValueError(f"the sandbox cannot give its runs a network namespace of their own here ({why}): run it "
+                         "in a container without a network (docker run --network none) and pass "
+                         "--network-isolation external")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "verl-deploy-sandbox"
+    limits = Limits()
+    isolation = "namespace"
+    slots: threading.Semaphore = threading.Semaphore(os.cpu_count() or 1)
+
+    def log_message(self, format, *args) -> None:  # one line per request on stderr, no code or output
+        sys.stderr.write(f"sandbox: {self.command} {self.path} {args[1] if len(args) > 1 else ''}\n")
+
+    def _send(self, code: int, body: dict | str) -> None:
+        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json" if isinstance(body, dict) else "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path in ("/health", "/v1/ping"):
+            self._send(200, "pong")
+        else:
+            self._send(404, {"message": f"no such path {self.path}: POST /run_code, GET /health"})
+
+    def do_POST(self) -> None:
+        if self.path.rstrip("/") not in ("/run_code", "/v1/run_code"):
+            self._send(404, {"message": f"no such path {self.path}: POST /run_code"})
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_REQUEST_BYTES:
+            self._send(413, {"message": f"request of {length} bytes is over the limit of {MAX_REQUEST_BYTES}"})
+            return
+        try:
+            request = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(request, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            self._send(400, _reply("SandboxError", f"the request is not a JSON object: {exc}", None))
+            return
+        with self.slots:  # at most one run per CPU at a time; the others wait their turn
+            self._send(200, run_code(request, self.limits, self.isolation))
+
+
+def serve(host: str, port: int, limits: Limits = Limits(), isolation: str = "namespace",
+          concurrency: int | None = None) -> ThreadingHTTPServer:
+    """The HTTP server (not yet serving: call serve_forever); ValueError (one line) for an isolation this host lacks."""
+    check_isolation(isolation)
+    handler = type("Handler", (_Handler,), {"limits": limits, "isolation": isolation,
+                                             "slots": threading.Semaphore(concurrency or os.cpu_count() or 1)})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verl_runtime.services.sandbox", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--network-isolation", default="namespace",
+                        help="namespace: each run gets a network namespace of its own (none); external: the "
+                             "container the sandbox runs in has no network")
+    parser.add_argument("--concurrency", type=int, default=None, help="runs at a time (default: one per CPU)")
+    parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb)
+    parser.add_argument("--run-timeout", type=float, default=Limits.run_timeout_s)
+    args = parser.parse_args(argv)
+    try:
+        server = serve(args.host, args.port, Limits(run_timeout_s=args.run_timeout, memory_mb=args.memory_mb),
+                       args.network_isolation, args.concurrency)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"sandbox: serving run_code on http://{args.host}:{server.server_port}", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
