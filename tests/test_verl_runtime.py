@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from conftest import FIXTURES, REPO
 from test_k8s import assert_hardened_pod, validate
 from verl_deploy.sizes import parse_gpus
-from verl_deploy import compat
+from verl_deploy import compat, runtimes
 from verl_deploy.cli import app
 from verl_deploy.images import plan_build
 from verl_deploy.images.context import (
@@ -148,12 +148,12 @@ def test_doctor_says_which_verl_image_this_host_runs(tmp_path):
 # --- the command line ----------------------------------------------------------------------------------------
 
 def test_overrides_are_kept_as_verl_takes_them():
-    kept = verl_command.check_overrides(["a.b=1", "+new.key=x", "++c.d=[1,2]", "~trainer.val_before_train",
-                                     "trainer.logger=['console']"])
+    kept = runtimes.VERL.check_overrides(["a.b=1", "+new.key=x", "++c.d=[1,2]", "~trainer.val_before_train",
+                                        "trainer.logger=['console']"])
     assert kept[1] == "+new.key=x" and kept[3] == "~trainer.val_before_train"
     for bad in ("trainer.total_epochs", "=1", "--foo=1"):
         with pytest.raises(ValueError, match="is not one verl takes"):
-            verl_command.check_overrides([bad])
+            runtimes.VERL.check_overrides([bad])
 
 
 def test_gpus_and_nodes_become_verl_s_world_keys():

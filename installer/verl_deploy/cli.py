@@ -564,7 +564,8 @@ def _print_pushed(console, ref: str, runtime: str) -> None:
     """The pushed reference (pinned to its digest) and how a cluster runs it: a node pulls it by that digest."""
     from verl_deploy import runtimes
 
-    flags = (" " + runtimes.trainer(runtime).flag).rstrip()
+    flag = runtimes.trainer(runtime).flag
+    flags = f" {flag}" if flag else ""
     console.print(f"pushed {ref}", markup=False)  # an IPv6 registry's [::1] is no markup
     console.print(f"run it on Kubernetes: verl-deploy run CONFIG --target k8s{flags} --image {ref}", markup=False)
 

@@ -158,9 +158,9 @@ def _run(code, stdin, language, run_timeout, memory_mb, limits, isolation, workd
         command = (_python(), *command[1:])
     (workdir / name).write_text(code)
     (workdir / "stdin").write_text(stdin)
-    if os.geteuid() == 0:
+    if os.geteuid() == 0:  # the run's own folder, closed to everyone else
         os.chown(workdir, NOBODY, NOBODY)
-    workdir.chmod(0o777 if os.geteuid() == 0 else 0o700)
+    workdir.chmod(0o700)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
     started = time.monotonic()
     with open(workdir / "stdin", "rb") as given, open(workdir / ".stdout", "wb+") as out, \

@@ -710,12 +710,9 @@ def build_spec(
                           f"--shm-size {sizes.docker_size(shm_size)} (a /dev/shm of that size, the run's alone), or "
                           "--ipc-host alone where its containers must share the host's memory")
     trainer = runtimes.trainer(runtime)
-    try:
+    try:  # the trainer's rules, then the world size, resolved once (world.py)
         trainer.check_config(config)
-    except ValueError as exc:
-        raise LaunchError(str(exc)) from None
-    overrides = check_overrides(overrides, runtime)
-    try:  # the world size, resolved once (world.py)
+        overrides = trainer.check_overrides(overrides)
         if not trainer.takes_config:  # verl's overrides are its whole config, the world size among them
             config_path, loaded = None, None  # verl checks its own config, in its image
             gpus, nodes = verl_world(overrides, gpus, nodes)

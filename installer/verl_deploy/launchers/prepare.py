@@ -113,8 +113,10 @@ def _with_verl_source(spec, source, variant: str | None, entry: str | None, buil
     from verl_deploy import images, runs
     from verl_deploy.launchers.verl_command import entry_command
 
-    if not spec.upstream:  # a resumed run's runtime is its record's
-        raise LaunchError(f"{'--verl-source' if source is not None else '--entry'} is upstream verl's: add --runtime verl")
+    try:  # a resumed run's runtime is its record's, checked only now
+        runtimes.trainer(spec.runtime).check_verl_source("--verl-source" if source is not None else "--entry")
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     record = runs.read_record(spec.run_dir) if resumed else {}
     trainer, labels = tuple(record.get("trainer") or ()), dict(record.get("verl_source") or {})
     if source is not None:

@@ -20,11 +20,6 @@ CHECKPOINTS_KEY, LOGGER_KEY = "trainer.default_local_dir", "trainer.logger"
 # (runs.flat_metrics reads its lines)
 
 
-def check_overrides(overrides) -> tuple[str, ...]:
-    """verl's overrides as given; ValueError (one line) for one that is not of Hydra's forms (runtimes.VERL)."""
-    return VERL.check_overrides(overrides)
-
-
 def trainer_args(overrides, gpus_per_node: int, nodes: int, run_dir: str) -> list[str]:
     """main_ppo's arguments: the world size, the run directory's checkpoints and metrics file unless the overrides
     say otherwise, then the overrides as given."""
