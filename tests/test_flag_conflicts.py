@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from verl_deploy.cli import app
 from verl_deploy.launchers.runplan import RunRequest, resumed_request
+from verl_deploy.runs import Launch
 from verl_deploy.sizes import GiB, SizeError, parse_gpus
 from verl_runtime.__main__ import main as runtime_main
 
@@ -87,11 +88,11 @@ def test_ipc_host_and_shm_size_contradict_and_the_line_says_which_to_keep(config
 
 
 def test_a_resume_given_one_of_them_drops_the_other_one_recorded():
-    record = {"flags": {"ipc_host": True, "cpus": 4}}
-    request, changes = resumed_request(RunRequest(resume="r1", shm_size="64g"), record)
+    recorded = Launch(flags={"ipc_host": True, "cpus": 4})
+    request, changes = resumed_request(RunRequest(resume="r1", shm_size="64g"), recorded)
     assert (request.ipc_host, request.shm_size, request.cpus) == (False, "64g", 4)
     assert "--ipc-host: True -> dropped (--shm-size given)" in changes
-    request, changes = resumed_request(RunRequest(resume="r1", ipc_host=True), {"flags": {"shm_size": "8g"}})
+    request, changes = resumed_request(RunRequest(resume="r1", ipc_host=True), Launch(flags={"shm_size": "8g"}))
     assert (request.ipc_host, request.shm_size) == (True, None)
     assert "--shm-size: 8g -> dropped (--ipc-host given)" in changes
 

@@ -116,7 +116,7 @@ def test_the_runtime_has_one_rule_for_its_world_size():
 
 def launched(plan) -> None:
     """launch.json as a launcher writes it (k8s.py, local.py, slurm.py: the spec's record and the target)."""
-    runs.write_record(plan.spec.run_dir, {**plan.spec.record(), "target": plan.target})
+    runs.write_record(plan.spec.run_dir, plan.spec.launch(plan.target).to_json())
 
 
 def test_a_resume_starts_the_run_again_with_the_flags_it_was_launched_with(tmp_path):
@@ -152,7 +152,7 @@ def test_a_resume_finds_the_host_folders_it_was_given_from_another_directory(tmp
 def test_a_run_recorded_before_flags_were_kept_resumes_in_its_namespace(tmp_path):
     first = plan_run(RunRequest(args=(str(QUICKSTART),), target="k8s", image="reg/verl:1", run_id="old",
                                 namespace="team-b"), tmp_path, environ={})
-    record = {**first.spec.record(), "target": "k8s"}
+    record = first.spec.launch("k8s").to_json()
     del record["flags"]
     runs.write_record(first.spec.run_dir, record)
     assert plan_run(RunRequest(resume="old"), tmp_path, environ={}).spec.namespace == "team-b"
@@ -188,6 +188,25 @@ def test_every_kept_launch_flag_goes_through_launch_json_and_back():
             if item.name == "grace_period":
                 asked[item.name] = 300
     assert set(asked) == set(RESUMED_FLAGS) and "priority_class" in asked
-    record = json.loads(json.dumps({"flags": given_flags(RunRequest(**asked))}))
-    restored, changes = resumed_request(RunRequest(resume="r1"), record)
+    # through launch.json's text and back, as the type --resume reads
+    launch = runs.Launch.from_json(json.loads(json.dumps(runs.Launch(flags=given_flags(RunRequest(**asked))).to_json())))
+    restored, changes = resumed_request(RunRequest(resume="r1"), launch)
     assert {name: getattr(restored, name) for name in RESUMED_FLAGS} == asked and changes == []
+
+
+def test_launch_json_reads_back_as_the_launch_that_was_written(tmp_path):
+    """launch.json is one typed record: what a launcher writes (JobSpec.launch plus the run's state fields) reads
+    back field for field; a record from before flags were kept restores its namespace; state fields are not
+    the launch's."""
+    import dataclasses
+
+    samples = {str: "x", int: 3, dict: {"k": "v"}, tuple: ("a", "b")}
+    launch = runs.Launch(**{f.name: samples[type(f.default) if f.default is not dataclasses.MISSING else dict]
+                            for f in dataclasses.fields(runs.Launch) if f.default is not None}, gpus="2", image="i")
+    runs.record_launch(tmp_path, launch, pid=123, exit_code=None)
+    assert runs.read_launch(tmp_path) == launch
+    assert runs.read_record(tmp_path)["pid"] == 123
+    old = tmp_path / "old"
+    runs.write_record(old, {"run_id": "old", "namespace": "team", "target": "k8s"})
+    assert runs.read_launch(old).flags == {"namespace": "team"} and runs.read_launch(old).nodes == 1
+    assert runs.read_launch(tmp_path / "none") is None

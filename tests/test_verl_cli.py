@@ -295,7 +295,7 @@ def test_run_derives_nodes_and_gpus_from_verl_keys(tmp_path):
 
 def test_verl_overrides_are_recorded_for_resume(tmp_path):
     spec = build_spec(None, image="i", runs_root=tmp_path, run_id="v", overrides=("trainer.total_epochs=2", "+trainer.seed=3"))
-    runs.write_record(spec.run_dir, {**spec.record(), "target": "docker"})
+    runs.write_record(spec.run_dir, spec.launch("docker").to_json())
     again = runs.plan_resume(tmp_path, "v", config=None, target=None, overrides=["trainer.total_epochs=4"], gpus=None,
                              nodes=None, image=None)
     assert again.config == NO_CONFIG and again.overrides == ["trainer.seed=3", "trainer.total_epochs=4"]

@@ -278,7 +278,7 @@ def test_resume_starts_the_recorded_verl_run_again_with_what_changed(tmp_path):
 
     spec = build_spec(None, image=IMAGE, runs_root=tmp_path, run_id="grpo", gpus=parse_gpus("2"), runtime="verl",
                       overrides=(*EXAMPLE, "~trainer.val_before_train"), environ={})
-    write_record(spec.run_dir, {**spec.record(), "target": "docker"})
+    write_record(spec.run_dir, spec.launch("docker").to_json())
     again = run("--resume", "grpo", "--dry-run", "--runs-dir", str(tmp_path), "--", "trainer.total_epochs=3")
     assert again.exit_code == 0, again.output
     assert "resume grpo: trainer.total_epochs: 1 -> 3" in again.stderr

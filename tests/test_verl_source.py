@@ -180,10 +180,10 @@ def test_status_says_which_verl_source_a_run_trains(fork, tmp_path):
                    runtime="verl", verl_source=labels, trainer=("python3", "-m", "recipe.lp.main_lp"))
     run_dir = tmp_path / "lp"
     run_dir.mkdir()
-    (run_dir / "launch.json").write_text(json.dumps({**spec.record(), "target": "local"}))
+    (run_dir / "launch.json").write_text(json.dumps(spec.launch("local").to_json()))
     result = CliRunner().invoke(app, ["status", "lp", "--runs-dir", str(tmp_path)])
     assert f"verl source: {fork} @ {source.commit[:12]}" in result.output, result.output
-    assert spec.record()["trainer"] == ["python3", "-m", "recipe.lp.main_lp"]
+    assert spec.launch("local").trainer == ("python3", "-m", "recipe.lp.main_lp")
 
 
 def test_setup_py_is_read_without_running_it(tmp_path):

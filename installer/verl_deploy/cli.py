@@ -94,9 +94,9 @@ def _launcher(target: str | None, run_id: str | None, runs_dir: Path | None, nam
     from verl_deploy.launchers import get_launcher
 
     root = runs_dir or runs.default_runs_root()
-    record = runs.read_record(root / run_id) if run_id else {}
+    launch = (runs.read_launch(root / run_id) if run_id else None) or runs.Launch()
     found = runs.target_of(root / run_id) if run_id else None
-    return get_launcher(target or found or "docker", root, namespace or record.get("namespace", "default"))
+    return get_launcher(target or found or "docker", root, namespace or launch.namespace)
 
 
 @app.command()
@@ -326,7 +326,8 @@ def _verl_source_line(run_dir) -> str | None:
     """What a --verl-source run trains (launch.json): the source, its commit and whether it had uncommitted edits."""
     from verl_deploy import runs
 
-    source = runs.read_record(Path(run_dir)).get("verl_source") if run_dir else None
+    launch = runs.read_launch(Path(run_dir)) if run_dir else None
+    source = launch and launch.verl_source
     if not source:
         return None
     commit = (source.get("verl-source-commit") or "no commit")[:12]

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_deploy import runs
-from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_deploy.launchers.jobspec import CACHE_DIR, RUNS_DIR, LaunchError, host_user
 from verl_runtime import rundir
 from verl_runtime.secrets import load_secret_files
@@ -87,8 +86,7 @@ def plan_export(run_dir: Path, out: Path | None, *, step: int | None = None, dty
     from verl_runtime.errors import UserError
 
     environ = os.environ if environ is None else environ
-    record = runs.read_record(run_dir)
-    upstream = record.get("runtime", DEFAULT_RUNTIME) != DEFAULT_RUNTIME
+    upstream = (runs.read_launch(run_dir) or runs.Launch()).upstream
     if out is None:  # a Kubernetes run's export (launchers/k8s_export.py) writes on its claim instead
         raise ExportError("--out DIR is needed: the model directory to write (new or empty)")
     out = Path(out).expanduser().absolute()
@@ -120,7 +118,7 @@ def plan_export(run_dir: Path, out: Path | None, *, step: int | None = None, dty
 
 
 def _in_image(run_dir: Path, out: Path, argv: list[str], image: str | None, environ) -> ExportPlan:
-    image = image or runs.read_record(run_dir).get("image")
+    image = image or (runs.read_launch(run_dir) or runs.Launch()).image
     if not image:
         why = "" if host_has_runtime() else " and this Python has no torch to export with"
         raise ExportError(f"{run_dir} records no image to export in{why}: pass --image (e.g. the one it trained "

@@ -10,6 +10,7 @@ A run directory without launch.json but with the trainer's files is a run that `
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from verl_deploy import runtimes
 from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_runtime import rundir
 
@@ -97,8 +99,9 @@ def run_status(run_dir: Path, target: str, state: str, **fields) -> RunStatus:
     of its logs."""
     run_dir = Path(run_dir)
     record = read_record(run_dir)
+    launch = Launch.from_json(record)
     fields.setdefault("exit_code", record.get("exit_code"))
-    fields.setdefault("image", record.get("image", ""))
+    fields.setdefault("image", launch.image or "")
     fields.setdefault("detail", record.get("detail", ""))
     if state == "failed" and not fields["detail"]:
         fields["detail"] = last_error(run_dir)
@@ -107,7 +110,7 @@ def run_status(run_dir: Path, target: str, state: str, **fields) -> RunStatus:
         run_id=run_dir.name, target=target, state=state, run_dir=str(run_dir.resolve()),
         metrics=last_metrics(run_dir), checkpoints=[path.name for _, path, why in checked if why is None],
         unusable_checkpoints={path.name: why for _, path, why in checked if why},
-        runtime=record.get("runtime", DEFAULT_RUNTIME), started=started_at(run_dir),
+        runtime=launch.runtime, started=started_at(run_dir),
         total_steps=total_steps(run_dir), **fields,
     )
 
@@ -169,27 +172,27 @@ def plan_resume(runs_root: Path, run_id: str, *, config: Path | None, target: st
     loaded, so that its completed steps are never silently trained again from step 1. A direct run (no launch
     record) resumes on this host (local) with the config its trainer last wrote."""
     run_dir = Path(runs_root) / run_id
-    record = read_record(run_dir)
-    if not record and is_direct_run(run_dir):
-        record = {"config": str(run_dir / rundir.CONFIG_FILE), "target": "local"}
-    if not record:
+    launch = read_launch(run_dir)
+    if launch is None and is_direct_run(run_dir):
+        launch = Launch(config=str(run_dir / rundir.CONFIG_FILE), target="local")
+    if launch is None:
         raise ValueError(f"no run {run_id!r} under {runs_root} to resume: `verl-deploy runs` lists the runs "
                          f"(a new run of that name: --run-id {run_id})")
-    merged, changes = resume_overrides(record.get("overrides", []), list(overrides))
+    merged, changes = resume_overrides(list(launch.overrides), list(overrides))
     if "trainer.resume=disable" not in merged:  # that one starts over deliberately
         refuse_unusable(run_dir, run_id)
-    recorded_config = Path(record["config"]) if record.get("config") else None
+    recorded_config = Path(launch.config) if launch.config else None
     if config is None and recorded_config is None and needs_config:  # upstream verl's runs have none
         raise ValueError(f"run {run_id} recorded no config file: pass it (`verl-deploy run CONFIG --resume {run_id}`)")
-    for what, old, new in (("config", recorded_config, config), ("--target", record.get("target"), target),
-                           ("--gpus", record.get("gpus"), gpus), ("--nodes", record.get("nodes"), nodes),
-                           ("--image", record.get("image"), image)):
+    for what, old, new in (("config", recorded_config, config), ("--target", launch.target, target),
+                           ("--gpus", launch.gpus, gpus), ("--nodes", launch.nodes, nodes),
+                           ("--image", launch.image, image)):
         if new is not None and str(new) != str(old):
             changes.append(f"{what}: {old} -> {new}")
     return Resume(
-        config=config or recorded_config, target=target or record.get("target", "docker"), overrides=merged,
-        gpus=gpus if gpus is not None else record.get("gpus"), nodes=nodes or record.get("nodes", 1),
-        image=image or record.get("image"), changes=changes,
+        config=config or recorded_config, target=target or launch.target or "docker", overrides=merged,
+        gpus=gpus if gpus is not None else launch.gpus, nodes=nodes or launch.nodes,
+        image=image or launch.image, changes=changes,
     )
 
 
@@ -211,6 +214,65 @@ def resume_overrides(recorded: list[str], given: list[str]) -> tuple[list[str], 
         merged.pop(key, None)
         merged[key] = value
     return [key if value is None else f"{key}={value}" for key, value in merged.items()], changes
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What was launched, as launch.json keeps it: written once at the launch (JobSpec.launch, with what the target
+    adds), read back as this type by --resume, status, export and the launchers. How the run goes (its pid or job
+    id, exit code, when it ended, its resumes) is kept beside it in the same file, as plain fields of the record."""
+
+    run_id: str = ""
+    target: str | None = None
+    config: str | None = None  # the config file's path (no config text is kept)
+    runtime: str = DEFAULT_RUNTIME
+    overrides: tuple[str, ...] = ()
+    gpus: str | None = None  # as given (--gpus), None: none asked for
+    nodes: int = 1
+    image: str | None = None
+    variant: str | None = None
+    namespace: str = "default"
+    secrets: tuple[str, ...] = ()  # by name only
+    owner: str | None = None  # uid:gid of whoever launched it
+    started_at: str | None = None  # UTC, ISO 8601
+    flags: dict = field(default_factory=dict)  # runplan.RESUMED_FLAGS as given, restored by --resume
+    trainer: tuple[str, ...] = ()  # upstream verl's command, when not its main_ppo (--entry)
+    verl_source: dict = field(default_factory=dict)  # --verl-source's labels (path or URL, commit, dirty)
+    command: tuple[str, ...] = ()  # what the target ran
+    cache_claim: str | None = None  # Kubernetes: the Hugging Face cache's claim (export mounts it)
+    slurm: dict = field(default_factory=dict)  # Slurm: the options it was submitted with (a resume keeps them)
+
+    @property
+    def upstream(self) -> bool:
+        """Upstream verl trained it, not verl-deploy's runtime."""
+        return self.runtime != runtimes.OURS.name
+
+    def to_json(self) -> dict:
+        return {name: list(value) if isinstance(value, tuple) else value
+                for name, value in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_json(cls, record: dict) -> Launch:
+        """The launch a record keeps; fields it lacks take their defaults (older records, a direct run's)."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        values = {}
+        for name, value in record.items():
+            if name in known and value is not None:
+                values[name] = tuple(value) if isinstance(known[name].default, tuple) else value
+        if "flags" not in record and record.get("namespace") not in (None, "default"):  # before flags were kept
+            values["flags"] = {"namespace": record["namespace"]}
+        return cls(**values)
+
+
+def read_launch(run_dir: Path) -> Launch | None:
+    """The launch run_dir records, None where it records none (no run, or one its trainer started by itself)."""
+    record = read_record(Path(run_dir))
+    return Launch.from_json(record) if record else None
+
+
+def record_launch(run_dir: Path, launch: Launch, **state) -> None:
+    """Keep a launch in the run directory, with the target's first state fields (pid, job id, exit code None)."""
+    write_record(run_dir, {**launch.to_json(), **state})
 
 
 def write_record(run_dir: Path, record: dict) -> None:
@@ -375,9 +437,9 @@ def total_steps(run_dir: Path | str, lines: list[str] | None = None) -> int | No
 
 def started_at(run_dir: Path | str) -> str:
     """When the run started (UTC, ISO 8601): as launch.json records it, else as its trainer's lock does."""
-    recorded = read_record(Path(run_dir)).get("started_at")
-    if recorded:
-        return recorded
+    launch = read_launch(Path(run_dir))
+    if launch and launch.started_at:
+        return launch.started_at
     try:
         started = json.loads((Path(run_dir) / rundir.LOCK_FILE).read_text() or "{}").get("started")
     except (OSError, ValueError, AttributeError):
@@ -422,7 +484,8 @@ def is_direct_run(run_dir: Path) -> bool:
 
 def target_of(run_dir: Path) -> str | None:
     """The target a run directory belongs to: as launch.json records it, "direct" for the trainer's own, else None."""
-    return read_record(Path(run_dir)).get("target") or (DIRECT if is_direct_run(run_dir) else None)
+    launch = read_launch(Path(run_dir))
+    return (launch and launch.target) or (DIRECT if is_direct_run(run_dir) else None)
 
 
 def direct_state(run_dir: Path) -> tuple[str, str]:
@@ -496,7 +559,7 @@ def local_run_ids(runs_root: Path, target: str | None = None) -> list[str]:
     if not runs_root.is_dir():
         return []
     found = sorted(p.name for p in runs_root.iterdir() if (p / LAUNCH_RECORD).is_file())
-    return [r for r in found if target is None or read_record(runs_root / r).get("target") == target]
+    return [r for r in found if target is None or target_of(runs_root / r) == target]
 
 
 def follow_log(log, still_running, poll_s: float = 0.5) -> Iterator[str]:

@@ -356,7 +356,8 @@ def _prepare_run_dir(spec: JobSpec) -> None:
 
 def _give_back(run_dir: Path) -> None:
     """The run directory back to whoever launched the run (recorded as owner), when we may chown."""
-    owner = runs.read_record(run_dir).get("owner")
+    launch = runs.read_launch(run_dir)
+    owner = launch and launch.owner
     if os.getuid() != 0 or not owner or not run_dir.is_dir():
         return
     uid, gid = (int(part) for part in owner.split(":"))
@@ -443,7 +444,7 @@ class DockerLauncher:
         return self.runs_root / run_id
 
     def _recorded(self, run_id: str) -> bool:
-        return runs.read_record(self.runs_root / run_id).get("target") == self.target
+        return runs.target_of(self.runs_root / run_id) == self.target
 
     # --- launch ------------------------------------------------------------------------------------------------
 
@@ -467,11 +468,11 @@ class DockerLauncher:
             self._clear_finished(engine, spec.run_id)  # --resume starts new containers on the same run dir
             previous = runs.read_record(spec.run_dir)
             _prepare_run_dir(spec)
-            runs.write_record(spec.run_dir, {
-                **spec.record(), "target": self.target, "command": list(spec.command.shell),
-                "memory": docker_size(spec.memory) if spec.memory else None,
-                "exit_code": None, "detail": "", "finished_at": None, "stop_asked_at": None,
-            })
+            runs.record_launch(
+                spec.run_dir, spec.launch(self.target, command=tuple(spec.command.shell)),
+                memory=docker_size(spec.memory) if spec.memory else None,
+                exit_code=None, detail="", finished_at=None, stop_asked_at=None,
+            )
             write_secrets(spec)
             container = self._start(engine, spec)
         except KeyboardInterrupt:

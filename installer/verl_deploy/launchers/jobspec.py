@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from verl_deploy import assets, compat, gpu_types, runtimes, sizes
+from verl_deploy import assets, compat, gpu_types, runs, runtimes, sizes
 from verl_deploy.world import check_world, derive_world, verl_world, world_size
 from verl_deploy.launchers import verl_command
 from verl_deploy.sizes import Gpus, parse_gpus
@@ -179,19 +179,17 @@ class JobSpec:
     # the memory plan read it instead of loading it again. Not recorded: launch.json keeps the path and overrides.
     loaded: object = field(default=None, compare=False, repr=False)
 
-    def record(self) -> dict:
+    def launch(self, target: str, **given) -> runs.Launch:
         """What launch.json keeps of the spec, so that `--resume` starts the run again as it was (secrets by
-        name only; no config text: the config file's path)."""
-        return {
-            "run_id": self.run_id, "config": str(self.config_path) if self.config_path else None,
-            "runtime": self.runtime, "overrides": list(self.overrides),
-            "gpus": str(self.gpus) if self.gpus.wanted else None, "nodes": self.nodes, "image": self.image,
-            "variant": self.variant, "namespace": self.namespace, "secrets": list(self.secrets),
-            "owner": f"{os.getuid()}:{os.getgid()}", "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "flags": dict(self.launch_flags),
-            **({"trainer": list(self.trainer)} if self.trainer else {}),
-            **({"verl_source": dict(self.verl_source)} if self.verl_source else {}),
-        }
+        name only; no config text: the config file's path); `given`: what the target adds (its command, claim)."""
+        return runs.Launch(
+            run_id=self.run_id, target=target, config=str(self.config_path) if self.config_path else None,
+            runtime=self.runtime, overrides=tuple(self.overrides), gpus=str(self.gpus) if self.gpus.wanted else None,
+            nodes=self.nodes, image=self.image, variant=self.variant, namespace=self.namespace,
+            secrets=tuple(self.secrets), owner=f"{os.getuid()}:{os.getgid()}",
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), flags=dict(self.launch_flags),
+            trainer=tuple(self.trainer), verl_source=dict(self.verl_source), **given,
+        )
 
     @property
     def container_run_dir(self) -> str:

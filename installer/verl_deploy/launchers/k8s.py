@@ -849,7 +849,7 @@ class K8sLauncher:
             if line:
                 print(line, file=sys.stderr, flush=True)
         # The cache claim too: `export` mounts it (the base model's config and tokenizer) beside the run claim.
-        runs.write_record(spec.run_dir, {**spec.record(), "target": self.target, "cache_claim": cache_claim(spec)})
+        runs.record_launch(spec.run_dir, spec.launch(self.target, cache_claim=cache_claim(spec)))
         if detach:
             return 0
         for text in self.logs(spec.run_id, follow=True):

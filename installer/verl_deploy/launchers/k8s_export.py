@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_deploy import runs, sizes
-from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_deploy.export import EXPORT_LABEL
 from verl_deploy.launchers import k8s
 from verl_deploy.launchers.jobspec import RUNS_DIR, JobSpec, LaunchError
@@ -32,7 +31,7 @@ _DROPPED = ("config", "secrets")  # the trainer pod's volumes that an export doe
 
 def on_cluster(run_dir: Path) -> bool:
     """A Kubernetes run whose checkpoints are not here (a run directory copied here from the claim exports here)."""
-    return runs.read_record(run_dir).get("target") == "k8s" and not (run_dir / rundir.CHECKPOINTS_DIR).is_dir()
+    return runs.target_of(run_dir) == "k8s" and not (run_dir / rundir.CHECKPOINTS_DIR).is_dir()
 
 
 @dataclass(frozen=True)
@@ -74,29 +73,29 @@ class ClusterExport:
 def plan(run_dir: Path, *, step: int | None = None, dtype: str | None = None, max_shard_size: str | None = None,
          out: Path | None = None, image: str | None = None, push_to_hub: str | None = None) -> ClusterExport:
     """The export Job of a Kubernetes run (plain data); LaunchError (one line) for what cannot work."""
-    record = runs.read_record(run_dir)
-    run_id = record.get("run_id") or run_dir.name
-    namespace = record.get("namespace") or "default"
+    launch = runs.read_launch(run_dir) or runs.Launch()
+    run_id = launch.run_id or run_dir.name
+    namespace = launch.namespace
     if out is not None:
         raise LaunchError(f"run {run_id} trained on Kubernetes: the export is written on its claim {run_id}-runs, "
                           "not here; drop --out (`export` then prints the kubectl cp that copies it here)")
     if push_to_hub:
         raise LaunchError(f"run {run_id} trained on Kubernetes: its model is written on its claim, not here; export "
                           "it, copy it here as `export` prints, then `hf upload REPO DIR`")
-    if record.get("runtime", DEFAULT_RUNTIME) != DEFAULT_RUNTIME:
+    if launch.upstream:
         raise LaunchError(f"run {run_id} trained upstream verl on Kubernetes, whose checkpoints export does not read "
                           f"on a claim: copy its run directory here (a pod that mounts claim {run_id}-runs, kubectl "
                           "cp), then `verl-deploy export DIR --out OUT`")
-    image = image or record.get("image")
+    image = image or launch.image
     if not image:
         raise LaunchError(f"run {run_id} records no image to export in: pass --image (the one it trained in)")
     spec = JobSpec(run_id=run_id, image=image, config_path=None, config_text="", namespace=namespace,
-                   cache_claim=record.get("cache_claim"), labels={EXPORT_LABEL: run_id},
+                   cache_claim=launch.cache_claim, labels={EXPORT_LABEL: run_id},
                    env={"HF_HUB_OFFLINE": "1", "VERL_RUNTIME_CACHE": "/tmp/verl_runtime"})  # builtin:tiny: built there
     args = ["export", spec.container_run_dir, *(["--step", str(step)] if step is not None else []),
             *(["--dtype", dtype] if dtype else []), *(["--max-shard-size", max_shard_size] if max_shard_size else [])]
     name = f"{run_id[:41].rstrip('-')}-export-{_stamp()}"  # a Job's name is at most 63 characters
-    return ClusterExport(run_id, namespace, image, export_job(spec, name, args, _trainer_memory(record)), step)
+    return ClusterExport(run_id, namespace, image, export_job(spec, name, args, _trainer_memory(launch)), step)
 
 
 def _stamp() -> str:
@@ -104,10 +103,10 @@ def _stamp() -> str:
     return time.strftime("%Y%m%d%H%M%S", time.gmtime())
 
 
-def _trainer_memory(record: dict) -> int:
+def _trainer_memory(launch: runs.Launch) -> int:
     """The trainer pod's memory: the export loads the same checkpoint (weights and optimizer state)."""
     try:
-        gpus = sizes.parse_gpus(record.get("gpus")).number or 0  # a recorded value, not a run's --gpus
+        gpus = sizes.parse_gpus(launch.gpus).number or 0  # a recorded value, not a run's --gpus
     except sizes.SizeError:
         gpus = 0
     return sizes.pod_size(gpus).memory_limit

@@ -106,9 +106,9 @@ class LocalLauncher:
             start_new_session=True,
         )
         try:
-            runs.write_record(spec.run_dir, {**spec.record(), "target": self.target, "pid": supervisor.pid,
-                                             "pid_start": runs.process_start(supervisor.pid),
-                                             "command": self.command(spec), "exit_code": None, "detail": ""})
+            runs.record_launch(spec.run_dir, spec.launch(self.target, command=tuple(self.command(spec))),
+                               pid=supervisor.pid, pid_start=runs.process_start(supervisor.pid), exit_code=None,
+                               detail="")
         except OSError as exc:  # a full disk: no run without its record (stop and status could not find it)
             _signal_session(supervisor.pid, signal.SIGKILL)
             supervisor.wait()
@@ -122,7 +122,7 @@ class LocalLauncher:
 
     def _run_dir(self, run_id: str) -> Path:
         run_dir = self.runs_root / run_id
-        if runs.read_record(run_dir).get("target") != self.target:
+        if runs.target_of(run_dir) != self.target:
             raise LaunchError(runs.not_found(run_id, self.runs_root, self.target))
         return run_dir
 

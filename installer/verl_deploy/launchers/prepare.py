@@ -117,8 +117,8 @@ def _with_verl_source(spec, source, variant: str | None, entry: str | None, buil
         runtimes.trainer(spec.runtime).check_verl_source("--verl-source" if source is not None else "--entry")
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
-    record = runs.read_record(spec.run_dir) if resumed else {}
-    trainer, labels = tuple(record.get("trainer") or ()), dict(record.get("verl_source") or {})
+    launch = (runs.read_launch(spec.run_dir) if resumed else None) or runs.Launch()
+    trainer, labels = launch.trainer, dict(launch.verl_source)
     if source is not None:
         labels = {key.removeprefix("verl-deploy."): value for key, value in source.labels().items()}
         # where it is on this host: a run in the host's Python puts it on PYTHONPATH (launchers/host_verl.py)

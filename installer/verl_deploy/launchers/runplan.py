@@ -99,12 +99,9 @@ def given_flags(request: RunRequest) -> dict:
     return given
 
 
-def resumed_request(request: RunRequest, record: dict) -> tuple[RunRequest, list[str]]:
-    """request with the recorded launch flags it does not give; what it changes of them, one line each. A record
-    written before flags were kept names its namespace only."""
-    recorded = dict(record.get("flags") or {})
-    if "flags" not in record and record.get("namespace") not in (None, "default"):
-        recorded["namespace"] = record["namespace"]
+def resumed_request(request: RunRequest, launch: runs.Launch) -> tuple[RunRequest, list[str]]:
+    """request with the recorded launch flags it does not give; what it changes of them, one line each."""
+    recorded = dict(launch.flags)
     given = given_flags(request)
     changes = [f"{_FLAG_NAMES.get(name, '--' + name.replace('_', '-'))}: {recorded.get(name)} -> {value}"
                for name, value in given.items() if recorded.get(name) != value]
@@ -156,14 +153,14 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
     from verl_deploy.launchers import CLUSTER_TARGETS, default_image
 
     environ = os.environ if environ is None else environ
-    runtime, resume, flag_changes, record = request.runtime, request.resume, [], {}
+    runtime, resume, flag_changes, launch = request.runtime, request.resume, [], runs.Launch()
     if resume and request.run_id not in (None, resume):
         raise LaunchError(f"--resume {resume} continues run {resume} under its own id: drop --run-id "
                           f"{request.run_id} (a new run named {request.run_id}: leave out --resume)")
     if resume:
-        record = runs.read_record(runs_root / resume)
-        request, flag_changes = resumed_request(request, record)
-        runtime = runtime or record.get("runtime")
+        launch = runs.read_launch(runs_root / resume) or launch
+        request, flag_changes = resumed_request(request, launch)
+        runtime = runtime or launch.runtime
     runtime = check_runtime(runtime)
     check_variant(request.variant, runtime)
     config, overrides = config_and_overrides(request.args, request.settings, runtime)
@@ -226,7 +223,7 @@ def plan_run(request: RunRequest, runs_root: Path, environ: Mapping[str, str] | 
     catalog_variant = None
     if variant is not None and not spec.upstream and runs_in == default_image(variant, runtime):
         catalog_variant = variant
-    container = request.container or (record.get("slurm") or {}).get("container")  # a resume keeps its own
+    container = request.container or launch.slurm.get("container")  # a resume keeps its own
     check_before_launch(spec, target, container, catalog_variant)
     slurm = None
     if target == "slurm":

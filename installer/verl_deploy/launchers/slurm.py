@@ -361,7 +361,7 @@ class SlurmLauncher:
 
     def _options(self, spec: JobSpec) -> SlurmOptions:
         """The options given now, over those the run recorded (a --resume keeps its partition and container)."""
-        recorded = runs.read_record(spec.run_dir).get("slurm", {})
+        recorded = (runs.read_launch(spec.run_dir) or runs.Launch()).slurm
         given = dataclasses.asdict(self.options)
         return SlurmOptions(**{key: given[key] if given[key] is not None else recorded.get(key) for key in given})
 
@@ -388,9 +388,8 @@ class SlurmLauncher:
         path = spec.run_dir / JOB_SCRIPT
         path.write_text(script)
         job_id = _slurm("sbatch", "--parsable", str(path)).stdout.strip().split(";")[0]
-        runs.write_record(spec.run_dir, {**spec.record(), "target": self.target, "job_id": job_id,
-                                         "slurm": dataclasses.asdict(options), "exit_code": None, "detail": "",
-                                         "stop_asked_at": None})
+        runs.record_launch(spec.run_dir, spec.launch(self.target, slurm=dataclasses.asdict(options)),
+                           job_id=job_id, exit_code=None, detail="", stop_asked_at=None)
         print(f"submitted batch job {job_id}", file=sys.stderr, flush=True)
         if detach:
             return 0
@@ -401,7 +400,7 @@ class SlurmLauncher:
 
     def _run_dir(self, run_id: str) -> Path:
         run_dir = self.runs_root / run_id
-        if runs.read_record(run_dir).get("target") != self.target:
+        if runs.target_of(run_dir) != self.target:
             raise LaunchError(f"no Slurm run {run_id!r} under {self.runs_root}: `verl-deploy runs --target slurm` "
                               "lists them")
         return run_dir
