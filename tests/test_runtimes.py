@@ -56,3 +56,34 @@ def test_run_and_plan_say_the_trainers_rule_in_one_line(args, message):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines()[-1].startswith(message), result.output
+
+
+def test_what_each_trainer_offers_the_planner_is_in_its_own_config():
+    """runtimes.Planning says which changes the planner may suggest to each trainer; each one it offers is a key the
+    trainer's own config has (ours: get_default_config; verl: the 0.9.1 wheel's key list)."""
+    from pathlib import Path
+
+    import verl_runtime
+    from verl_deploy.plan.workload import OUR_KEYS, VERL_KEYS
+    from verl_runtime.config import get_default_config
+
+    def flat(tree, prefix=""):
+        for key, value in tree.items():
+            yield from flat(value, f"{prefix}{key}.") if isinstance(value, dict) else [prefix + key]
+
+    ours = set(flat(get_default_config().to_dict()))
+    keys_file = Path(verl_runtime.__file__).with_name("verl_0_9_1_keys.txt").read_text().splitlines()
+    verls = {line for line in keys_file if line and not line.startswith("#")}
+    needs = {
+        "offloads_each_role": ("critic_param_offload", "critic_optimizer_offload", "ref_param_offload",
+                               "ref_entropy_chunking"),
+        "shards_by_setting": ("actor_sharded", "critic_sharded"),
+        "offload_policy_alone": ("offload_policy",),
+        "rollout_tp": ("rollout_tp",),
+    }
+    for trainer, keys, known in ((runtimes.OURS, OUR_KEYS, ours), (runtimes.VERL, VERL_KEYS, verls)):
+        for trait, names in needs.items():
+            if getattr(trainer.planning, trait):
+                assert {keys[name] for name in names} <= known, (trainer.name, trait)
+    assert "critic.forward_max_token_len_per_gpu" in ours  # values_budget: the critic's forward's own budget
+    assert runtimes.OURS.planning != runtimes.VERL.planning

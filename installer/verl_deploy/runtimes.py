@@ -26,6 +26,26 @@ def given(overrides, key: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class Planning:
+    """What a trainer offers the memory planner (plan/suggest.py) to make a run fit, and how it counts micro-batches;
+    each is how that trainer's code behaves (named beside each field)."""
+
+    offloads_each_role: bool  # critic and reference offload of their own, the reference's entropy chunked
+    #                           (verl_runtime/offload.py, models.LogProbMemory); verl: the actor's two offloads
+    chunks_in_update: bool  # the head and entropy chunked in the update too; verl: in the old log-probs only
+    shards_by_setting: bool  # sharding is a setting to suggest (actor.strategy=fsdp); verl always shards (FSDP)
+    offload_policy_alone: bool  # its offload_policy applies as it is (verl_runtime/offload.py); verl's is FSDP2's,
+    #                             which needs actor.strategy=fsdp2
+    rollout_in_process: bool  # hf/builtin engines hold the KV cache in the trainer: vLLM is a change to suggest
+    rollout_tp: bool  # vLLM's tensor parallelism within the node is a change to suggest (verl's rollout spans the
+    #                   node's GPUs); ours is planned with its rollout on one GPU, where vLLM's share is the change
+    values_budget: bool  # the critic's forward is planned with its own token budget (critic.forward_max_token_len_
+    #                      per_gpu); verl's plan takes the critic update's
+    micro_per_worker: bool  # micro-batch sizes count sequences per worker, dividing mini-batch x n; verl's
+    #                         deprecated global keys count them over all GPUs / sp
+
+
+@dataclass(frozen=True)
 class Trainer:
     """One runtime's rules on the host."""
 
@@ -35,6 +55,7 @@ class Trainer:
     model_keys: tuple[str, str]  # the actor's and the critic's model path, as the user writes them
     world_keys: tuple[str, str] | None  # the overrides that give GPUs per node and nodes; None: the config's
     takes_verl_source: bool  # --verl-source and --entry (a fork of verl) apply
+    planning: Planning
 
     @property
     def own(self) -> bool:
@@ -88,10 +109,15 @@ class Trainer:
 
 
 OURS = Trainer(name="verl-deploy", takes_config=True, hydra_overrides=False,
-               model_keys=("model.path", "critic.model_path"), world_keys=None, takes_verl_source=False)
+               model_keys=("model.path", "critic.model_path"), world_keys=None, takes_verl_source=False,
+               planning=Planning(offloads_each_role=True, chunks_in_update=True, shards_by_setting=True,
+                                 offload_policy_alone=True, rollout_in_process=True, rollout_tp=False, values_budget=True, micro_per_worker=True))
 VERL = Trainer(name="verl", takes_config=False, hydra_overrides=True,
                model_keys=("actor_rollout_ref.model.path", "critic.model.path"),
-               world_keys=("trainer.n_gpus_per_node", "trainer.nnodes"), takes_verl_source=True)
+               world_keys=("trainer.n_gpus_per_node", "trainer.nnodes"), takes_verl_source=True,
+               planning=Planning(offloads_each_role=False, chunks_in_update=False, shards_by_setting=False,
+                                 offload_policy_alone=False, rollout_in_process=False, rollout_tp=True, values_budget=False,
+                                 micro_per_worker=False))
 TRAINERS = {trainer.name: trainer for trainer in (OURS, VERL)}
 
 

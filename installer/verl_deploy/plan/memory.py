@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from verl_deploy.plan.lengths import Lengths
 from verl_deploy.plan.shape import ModelShape
-from verl_deploy.plan.workload import OURS, Workload
+from verl_deploy.plan.workload import OURS, VERL, Workload
 from verl_deploy.sizes import GiB, MiB
 
 COMPONENTS = ("weights", "weight copies", "gradients", "optimizer", "rollout", "activations", "logits", "overhead")
@@ -135,9 +135,7 @@ def head_saved(w: Widths, regime: str) -> int:
 
 def plan_memory(work: Workload, shape: ModelShape, critic: ModelShape | None, lengths: Lengths, total_bytes: int,
                 ) -> MemoryPlan:
-    if work.runtime == OURS:
-        return _ours(work, shape, critic or shape, lengths, total_bytes)
-    return _verl(work, shape, critic or shape, lengths, total_bytes)
+    return _PLANS[work.runtime](work, shape, critic or shape, lengths, total_bytes)
 
 
 def _kv_per_token(shape: ModelShape, key_bytes: int, value_bytes: int, tp: int = 1) -> int:
@@ -686,3 +684,7 @@ def _verl_host(work: Workload, P: int, Pc: int, lora: int, trained: int) -> int:
     if lora and work.vllm_sleeps:
         per_gpu += 2 * P / work.rollout_tp
     return int(per_gpu * work.gpus_per_node)
+
+
+# How each trainer's code holds memory, by runtime name (Workload.runtime).
+_PLANS = {OURS: _ours, VERL: _verl}

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from verl_deploy.plan.workload import OURS, Workload
+from verl_deploy.plan.workload import Workload
 from verl_deploy.sizes import GiB
 
 MAX_PER_NODE = 8  # GPUs a node offers (more are offered as nodes)
@@ -228,12 +228,12 @@ def _dynamic_batches(work: Workload, evaluate: Evaluate, over: set[str]) -> Chan
         tokens = {"dynamic_tokens_update": budget, "dynamic_tokens_infer": budget, "dynamic_tokens_ref": budget}
         if work.use_critic:
             tokens["dynamic_tokens_critic"] = 2 * budget
-            if work.runtime == OURS:
+            if work.trainer.planning.values_budget:
                 tokens["dynamic_tokens_values"] = 2 * budget
         settings = [(work.keys["use_dynamic_bsz"], True)]
         if budget != DEFAULT_TOKENS:
             settings += [(work.keys["dynamic_tokens_update"], budget)]
-            if work.runtime == OURS and work.use_critic:
+            if work.trainer.planning.values_budget and work.use_critic:
                 settings += [(work.keys["dynamic_tokens_critic"], 2 * budget)]
         best = Change(tuple(settings), work.with_(**tokens))
         if _fits(evaluate, best.workload) or budget == longest:
@@ -246,7 +246,7 @@ def _entropy_chunking(work: Workload, evaluate: Evaluate, over: set[str]) -> Cha
     """verl's entropy_from_logits_with_chunking: the old log-probs' entropy over 2048-row chunks (no autograd there).
     Ours (models.LogProbMemory): the head, log-softmax and entropy chunk by chunk in the old log-probs and the update
     (not under FSDP, where the head needs the whole model's forward), and the reference's log-probs likewise."""
-    if work.runtime != OURS:
+    if not work.trainer.planning.chunks_in_update:
         if work.entropy_chunking or "old log-probs" not in over:
             return None
         return Change(((work.keys["entropy_chunking"], True),), work.with_(entropy_chunking=True))
@@ -288,18 +288,19 @@ def _micro_batches(work: Workload, evaluate: Evaluate, over: set[str], smallest:
                 at_floor &= value == min(budget, longest)
                 changes[budget_name] = value
                 settings.append((work.keys.get(budget_name, budget_name), value))
-                if work.runtime == OURS and budget_name == "dynamic_tokens_critic" \
+                if work.trainer.planning.values_budget and budget_name == "dynamic_tokens_critic" \
                         and work.dynamic_tokens_values == budget:  # the critic's forward takes its update's budget
                     changes["dynamic_tokens_values"] = value
             else:
                 value = max(current // factor, 1)
-                if work.runtime == OURS:
+                if work.trainer.planning.micro_per_worker:
                     value = _divisor_at_most(work.mini_batch_prompts * work.n, value)
                 at_floor &= value == 1
                 changes[name] = value
                 key = work.keys.get(name, name)
                 # verl's deprecated global keys (the run's own) count sequences over all GPUs / sp
-                shown = value if key.endswith("_per_gpu") or work.runtime == OURS else value * max(work.world // work.sp, 1)
+                per_gpu = key.endswith("_per_gpu") or work.trainer.planning.micro_per_worker
+                shown = value if per_gpu else value * max(work.world // work.sp, 1)
                 settings.append((key, shown))
                 if name == "micro_critic":
                     changes["micro_values"] = value
@@ -333,7 +334,7 @@ def _checkpointing(work: Workload, evaluate: Evaluate, over: set[str]) -> Change
 def _offload(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
     """Parameters and optimizer state in host memory between phases; ours (verl_runtime/offload.py) also offers the
     critic's and the reference's."""
-    if work.runtime != OURS:
+    if not work.trainer.planning.offloads_each_role:
         if work.param_offload and work.optimizer_offload:
             return None
         return Change(((work.keys["param_offload"], True), (work.keys["optimizer_offload"], True)),
@@ -354,7 +355,7 @@ def _offload(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | Non
 def _offload_policy(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
     if work.offload_policy or "actor update" not in over:
         return None
-    if work.runtime == OURS:  # FSDP2's policy where the model is sharded, else both offloads (verl_runtime/offload.py)
+    if work.trainer.planning.offload_policy_alone:  # FSDP2's where sharded, else both offloads (verl_runtime/offload.py)
         return Change(((work.keys["offload_policy"], True),), work.with_(offload_policy=True),
                       "parameters, gradients and AdamW in host memory, streamed in for each use")
     return Change((("actor_rollout_ref.actor.strategy", "fsdp2"), (work.keys["offload_policy"], True)),
@@ -362,7 +363,7 @@ def _offload_policy(work: Workload, evaluate: Evaluate, over: set[str]) -> Chang
 
 
 def _sharding(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
-    if work.runtime != OURS or work.world < 2 or work.device != "cuda":
+    if not work.trainer.planning.shards_by_setting or work.world < 2 or work.device != "cuda":
         return None
     settings, changes = [], {}
     if not work.actor_sharded:
@@ -377,7 +378,8 @@ def _sharding(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | No
 def _vllm_rollout(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
     """Our runtime's in-process engines (hf, builtin) hold the whole batch's KV cache on GPU 0; vLLM pages it
     within its share (and sleeps between rollouts): the share that fits."""
-    if work.runtime != OURS or work.rollout == "vllm" or work.device != "cuda" or "rollout" not in over:
+    if not work.trainer.planning.rollout_in_process or work.rollout == "vllm" or work.device != "cuda" \
+            or "rollout" not in over:
         return None
     best, lowest = None, None
     for share in [round(u / 100, 2) for u in range(90, 4, -5)]:
@@ -394,7 +396,7 @@ def _vllm_rollout(work: Workload, evaluate: Evaluate, over: set[str]) -> Change 
 def _rollout_tp(work: Workload, evaluate: Evaluate, over: set[str]) -> Change | None:
     """verl's rollout tensor parallelism within the node, doubled until it fits, each size with the memory share
     that then fits where the share it has does not (the share a model's slice needs depends on the size)."""
-    if work.runtime == OURS or work.rollout != "vllm":
+    if not work.trainer.planning.rollout_tp or work.rollout != "vllm":
         return None
     tp = work.rollout_tp
     best = None

@@ -81,6 +81,11 @@ class Workload:
     notes: tuple = ()
 
     @property
+    def trainer(self) -> runtimes.Trainer:
+        """The runtime this workload is read for, with what it offers the planner (runtimes.Planning)."""
+        return runtimes.trainer(self.runtime)
+
+    @property
     def rows_per_gpu(self) -> int:
         """Sequences a GPU handles per step (its share of the batch)."""
         return max(self.batch_prompts * self.n * self.sp // max(self.world, 1), 1)
