@@ -195,6 +195,21 @@ class ValKwargsConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    # verl's actor_rollout_ref.rollout.multi_turn (its ToolAgentLoop): generate, run the hermes tool calls, append
+    # the tool responses (no loss on them), until an answer or a limit (verl_runtime/agent/)
+    enable: bool = False
+    tool_config_path: str | None = None  # verl's tool config file: tools: [{class_name, config, tool_schema}]
+    max_assistant_turns: int | None = None  # None: until the response length
+    max_user_turns: int | None = None  # tool-response turns
+    max_parallel_calls: int = 1  # tool calls run per turn (the first ones)
+    max_tool_response_length: int = 256  # characters of a tool's response kept
+    tool_response_truncate_side: str = "middle"  # left | right | middle, as verl
+    format: str = "hermes"  # the tool-call format: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    tool_timeout: float = 30.0  # seconds one tool call may take; past it the call is an error in the episode
+
+
+@dataclass
 class RolloutConfig:
     name: str = "hf"  # hf (transformers generate) | builtin (our decode loop, CUDA graphs on GPU) | vllm
     n: int = 1  # samples per prompt
@@ -216,6 +231,7 @@ class RolloutConfig:
     # uses them (off, as in verl: the correction then does nothing). rollout/logprob_diff is logged either way.
     calculate_log_probs: bool = False
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 @dataclass
@@ -666,6 +682,22 @@ def all_keys(node: Any = None, prefix: str = "") -> list[str]:
     return keys
 
 
+def _check_multi_turn(multi_turn: MultiTurnConfig) -> None:
+    if not multi_turn.enable:
+        return
+    _check_choice("rollout.multi_turn.format", multi_turn.format, ("hermes",))
+    if not multi_turn.tool_config_path:
+        raise ConfigError("rollout.multi_turn.enable needs rollout.multi_turn.tool_config_path: a tool config file "
+                          "in verl's format (tools: [{class_name, config, tool_schema}]; docs/agentic.md)")
+    for key in ("max_assistant_turns", "max_user_turns"):
+        value = getattr(multi_turn, key)
+        if value is not None and value < 1:
+            raise ConfigError(f"rollout.multi_turn.{key}={value}: give 1 or more, or leave it unset (no limit)")
+    if multi_turn.max_parallel_calls < 1 or multi_turn.max_tool_response_length < 1 or multi_turn.tool_timeout <= 0:
+        raise ConfigError("rollout.multi_turn.max_parallel_calls, max_tool_response_length and tool_timeout must be "
+                          "above 0")
+
+
 def validate(config: Config) -> None:
     """Check choices and that batch sizes divide; raise one ConfigError for the first problem."""
     _check_choice("algorithm.adv_estimator", config.algorithm.adv_estimator, ADV_ESTIMATORS)
@@ -679,6 +711,7 @@ def validate(config: Config) -> None:
     _check_choice("trainer.device", config.trainer.device, ("auto", "cpu", "cuda"))
     _check_choice("trainer.resume", config.trainer.resume, ("auto", "disable"))
     _check_choice("rollout.name", config.rollout.name, ("hf", "builtin", "vllm"))
+    _check_multi_turn(config.rollout.multi_turn)
     _check_choice("trainer.placement", config.trainer.placement, ("colocated", "split"))
     _check_choice("actor.strategy", config.actor.strategy, ("dp", "fsdp"))
     _check_choice("critic.strategy", config.critic.strategy, ("dp", "fsdp"))

@@ -122,14 +122,15 @@ class Prompt:
     extra_info: dict = field(default_factory=dict)
 
 
-def prompt_token_ids(messages: list[dict], tokenizer, apply_chat_template: bool = True) -> list[int]:
-    """Token ids of a chat prompt, with the tokenizer's chat template when it has one.
+def prompt_token_ids(messages: list[dict], tokenizer, apply_chat_template: bool = True, tools=None) -> list[int]:
+    """Token ids of a chat prompt, with the tokenizer's chat template when it has one (given the tools' schemas of
+    a multi-turn run, which the template lists, as verl's agent loop gives them).
 
     The template already writes any BOS token, so its text is encoded without special tokens;
     without a template the message contents are joined and encoded as plain text.
     """
     if apply_chat_template and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
         return tokenizer.encode(text, add_special_tokens=False)
     text = "\n".join(m["content"] for m in messages)
     return tokenizer.encode(text, add_special_tokens=True)
@@ -142,6 +143,7 @@ def encode_prompts(
     truncation: str = "error",
     apply_chat_template: bool = True,
     filter_overlong: bool = False,
+    tools: list[dict] | None = None,
 ) -> list[Prompt]:
     """Tokenize rows and apply the prompt-length policy.
 
@@ -158,7 +160,7 @@ def encode_prompts(
         prompts.append(
             Prompt(
                 index=i,
-                input_ids=prompt_token_ids(row["prompt"], tokenizer, apply_chat_template),
+                input_ids=prompt_token_ids(row["prompt"], tokenizer, apply_chat_template, tools),
                 raw_prompt=row["prompt"],
                 data_source=row["data_source"],
                 ground_truth=reward_model.get("ground_truth"),

@@ -67,6 +67,7 @@ class SingleControllerTrainer:
         self.critic, self.ref = groups.get("critic"), groups.get("ref")
         # With LoRA the reference is the actor with its adapters disabled (verl's ref_in_actor): no second model.
         self.ref_policy = self.actor if needs_reference(config) and self.ref is None else self.ref
+        self.tool_loop = tool_loop(config, self.actor.generate, self.tokenizer)  # None: one response per sample
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
         self.global_step = 0
         # The run's length, which a cosine or ratio warm-up schedule needs: fit() knows it; step() callers set it.
@@ -141,7 +142,7 @@ class SingleControllerTrainer:
 
                     with stopped_at(step, run_dir):
                         with timer("gen", timing):
-                            batch = self.actor.generate([p.input_ids for p in prompts], sampling)
+                            batch, loop_metrics = self._rollout(prompts, sampling)
                         batch.update(prompt_fields(prompts, cfg.rollout.n))
                         with timer("reward", timing):
                             scores = self.reward.score(batch)
@@ -149,6 +150,7 @@ class SingleControllerTrainer:
                             with timer("gen_max", timing):
                                 batch["reward_baselines"] = self.greedy_baselines(prompts)
                         metrics = self._update(batch, scores, timing, mini)
+                        metrics.update(loop_metrics)
                     if val and cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or step == total):
                         with timer("testing", timing):
                             val_metrics, generations = self._validate_and_show(val, step)
@@ -175,6 +177,13 @@ class SingleControllerTrainer:
         if cfg.trainer.save_hf:
             self.save_hf(run_dir, total)
         print(f"[INFO] Training finished at step {total}; run directory {run_dir}", flush=True)
+
+    def _rollout(self, prompts: list[Prompt], sampling: SamplingParams) -> tuple[dict, dict[str, float]]:
+        """The step's samples (each prompt rollout.n times), and the tool loop's metrics (none without it)."""
+        ids = [p.input_ids for p in prompts]
+        if self.tool_loop is None:
+            return self.actor.generate(ids, sampling), {}
+        return self.tool_loop.rollout(ids, [p.extra_info.get("tools_kwargs") or {} for p in prompts], sampling)
 
     def _update(self, batch: dict, scores: torch.Tensor, timing: dict, mini_batch_size: int) -> dict[str, float]:
         """From scored samples to one policy update (several, with PPO epochs or mini-batches)."""
@@ -248,7 +257,7 @@ class SingleControllerTrainer:
         """ReMax's baselines, as verl's trainer makes them: the reward of one greedy response per prompt, repeated for
         the prompt's rollout.n samples."""
         greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=self.config.data.max_response_length)
-        baseline = self.actor.generate([p.input_ids for p in prompts], greedy)
+        baseline, _ = self._rollout(prompts, greedy)
         baseline.update(prompt_fields(prompts, 1))
         return self.reward.score(baseline).float().repeat_interleave(self.config.rollout.n)
 
@@ -270,7 +279,7 @@ class SingleControllerTrainer:
         size = cfg.data.val_batch_size or max(len(prompts), 1)
         for start in range(0, len(prompts), size):
             chunk = prompts[start : start + size]
-            batch = self.actor.generate([p.input_ids for p in chunk], sampling)
+            batch, _ = self._rollout(chunk, sampling)
             batch.update(prompt_fields(chunk, kwargs.n))
             scored = self.reward.score_details(batch)
             rewards += scored["scores"].tolist()
@@ -304,8 +313,9 @@ class SingleControllerTrainer:
                 rows += make_toy_rows(name.removeprefix("toy:"), size, self.config.trainer.seed + (split != "train"))
             else:
                 rows += load_rows(name)
+        schemas = self.tool_loop.schemas if self.tool_loop else None
         return encode_prompts(rows, self.tokenizer, cfg.max_prompt_length, cfg.truncation, cfg.apply_chat_template,
-                              cfg.filter_overlong_prompts)
+                              cfg.filter_overlong_prompts, schemas)
 
     def save(self, run_dir, step: int) -> None:
         state = {
@@ -451,6 +461,18 @@ def _warn_once(line: str) -> None:
     if line not in _warned:
         _warned.add(line)
         print(line, flush=True)
+
+
+def tool_loop(config: Config, generate, tokenizer):
+    """rollout.multi_turn's tool loop over the actor's generate (its tools loaded from the tool config), or None."""
+    multi_turn = config.rollout.multi_turn
+    if not multi_turn.enable:
+        return None
+    from verl_runtime.agent.loop import ToolLoop
+    from verl_runtime.agent.tools import load_tools
+
+    return ToolLoop(generate, tokenizer, load_tools(multi_turn.tool_config_path), multi_turn,
+                    config.data.max_response_length)
 
 
 def prompt_fields(prompts: list[Prompt], n: int) -> dict[str, list]:

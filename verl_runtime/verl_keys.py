@@ -226,6 +226,13 @@ RULES: tuple[Rule, ...] = (
     _maps(f"{_AR}.actor.use_kl_loss", "actor.use_kl_loss"),
     _maps(f"{_AR}.actor.kl_loss_coef", "actor.kl_loss_coef"),
     _maps(f"{_AR}.actor.kl_loss_type", "actor.kl_loss_type"),
+    _maps(f"{_AR}.rollout.multi_turn.enable", "rollout.multi_turn.enable"),
+    _maps(f"{_AR}.rollout.multi_turn.tool_config_path", "rollout.multi_turn.tool_config_path"),
+    _maps(f"{_AR}.rollout.multi_turn.max_assistant_turns", "rollout.multi_turn.max_assistant_turns"),
+    _maps(f"{_AR}.rollout.multi_turn.max_user_turns", "rollout.multi_turn.max_user_turns"),
+    _maps(f"{_AR}.rollout.multi_turn.max_parallel_calls", "rollout.multi_turn.max_parallel_calls"),
+    _maps(f"{_AR}.rollout.multi_turn.max_tool_response_length", "rollout.multi_turn.max_tool_response_length"),
+    _maps(f"{_AR}.rollout.multi_turn.tool_response_truncate_side", "rollout.multi_turn.tool_response_truncate_side"),
     _maps(f"{_AR}.rollout.name", "rollout.name", "hf, builtin or vllm here (sglang is not)"),
     _maps(f"{_AR}.rollout.n", "rollout.n"),
     _maps(f"{_AR}.rollout.temperature", "rollout.temperature"),
@@ -323,7 +330,8 @@ RULES: tuple[Rule, ...] = (
     _refused(f"{_AR}.*qat.enable", "quantization-aware training is not here", False),
     _ignored(f"{_AR}.rollout.val_kwargs.do_sample", "verl 0.9.1's rollout does not read it either: "
              "val_kwargs.temperature decides (0: greedy, above 0: sampled), here as there"),
-    _refused(f"{_AR}.rollout.multi_turn.enable", "multi-turn rollouts (tools) are not here", False),
+    _refused(f"{_AR}.rollout.multi_turn.format", "tool calls are read in the hermes format here", "hermes"),
+    _refused(f"{_AR}.rollout.multi_turn.function_tool_path", "tools are declared by tool_config_path here", None),
     _refused(f"{_AR}.rollout.ignore_eos", "generation stops at the end-of-sequence token here", False),
     _refused(f"{_AR}.rollout.over_sample_rate", "over-sampling and aborting rollouts is not here", 0),
     _refused(f"{_AR}.rollout.quantization", "the rollout runs the trained weights unquantized here", None),
@@ -407,7 +415,8 @@ RULES: tuple[Rule, ...] = (
     _ignored(f"{_AR}.actor.calculate_entropy", "actor/entropy is computed every step here"),
     _ignored(f"{_AR}.actor.calculate_sum_pi_squared", "computed here exactly when algorithm.adv_estimator uses it "
              "(the optimal token baselines)"),
-    _ignored(f"{_AR}.rollout.multi_turn.*", "multi-turn rollouts are not here (multi_turn.enable is refused)"),
+    _ignored(f"{_AR}.rollout.multi_turn.*", "how verl's engines tokenize turns (the chat template is applied per "
+             "turn here, as verl's default)"),
     _ignored(f"{_AR}.rollout.disaggregation.*", "rollouts are generated in one engine here (disaggregation.enabled is refused)"),
     _ignored(f"{_AR}.rollout.prompt_length", "verl copies data.max_prompt_length here: set that"),
     _ignored(f"{_AR}.rollout.response_length", "verl copies data.max_response_length here: set that"),
@@ -415,7 +424,8 @@ RULES: tuple[Rule, ...] = (
     _ignored(f"{_AR}.rollout.nnodes", "the rollout shares the trainer's nodes here (trainer.nnodes)"),
     _ignored(f"{_AR}.rollout.mode", "rollouts are generated in the trainer's step here, by rollout.name's engine"),
     _ignored(f"{_AR}.rollout.logprobs_mode", "the old log-probs are recomputed by the actor here"),
-    _ignored(f"{_AR}.rollout.agent.*", "agent loops are not here: one response per sample"),
+    _ignored(f"{_AR}.rollout.agent.*", "verl's agent-loop workers: the loop runs in the controller here (one "
+             "response per sample, or rollout.multi_turn's tool loop)"),
     _ignored(f"{_AR}.rollout.trace.*", "rollout tracing is not here"),
     _ignored(f"{_AR}.rollout.prometheus.*", "the rollout server's Prometheus metrics are not here"),
     _ignored(f"{_AR}.rollout.checkpoint_engine.*", "weights reach the rollout engine in memory here"),

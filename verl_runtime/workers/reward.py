@@ -35,7 +35,7 @@ class RewardWorker:
         if self.reward_model is not None:
             scores = self.reward_model.score_chats(batch["raw_prompt"], texts)
             return {"scores": torch.tensor(scores, dtype=torch.float32), "infos": [{} for _ in scores]}
-        lengths = batch["response_mask"].sum(-1).tolist()  # verl's valid_response_length: EOS included
+        lengths = response_attention(batch).sum(-1).tolist()  # verl's valid_response_length: EOS included
         managed = [
             managed_reward(self.reward_config, self.score_one(source, text, truth, extra), length)
             for source, text, truth, extra, length in zip(
@@ -63,8 +63,15 @@ class RewardWorker:
 
 
 def decode_responses(tokenizer, batch: dict) -> list[str]:
-    """Response texts up to (not including) the first EOS."""
+    """Response texts up to (not including) the first EOS; a multi-turn response with its tool responses, as verl
+    decodes the attention mask's response part."""
     # Whole tensors to lists once: indexing each row as a tensor costs more than the decoding.
-    rows, masks = batch["responses"].tolist(), batch["response_mask"].tolist()
+    rows, masks = batch["responses"].tolist(), response_attention(batch).tolist()
     ids = [[token for token, keep in zip(row, mask) if keep] for row, mask in zip(rows, masks)]
     return tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
+def response_attention(batch: dict):
+    """The attention mask's response part: every real response token, tool responses included (the response mask
+    leaves those out of the loss; single-turn the two are the same)."""
+    return batch["attention_mask"][:, -batch["responses"].shape[1]:]
