@@ -451,6 +451,11 @@ RANGES = (
     _at_least("rollout.log_prob_max_token_len_per_gpu", 1, "null: actor.ppo_max_token_len_per_gpu"),
     _at_least("ref.log_prob_micro_batch_size_per_gpu", 1),
     _at_least("rollout.n", 1, "samples per prompt"),
+    _at_least("rollout.multi_turn.max_assistant_turns", 1, "null: until the response length"),
+    _at_least("rollout.multi_turn.max_user_turns", 1, "null: no limit on tool turns"),
+    _at_least("rollout.multi_turn.max_parallel_calls", 1, "tool calls run per turn"),
+    _at_least("rollout.multi_turn.max_tool_response_length", 1, "characters of a tool response kept"),
+    _above("rollout.multi_turn.tool_timeout", 0, "seconds one tool call may take"),
     _at_least("rollout.temperature", 0, "0 means greedy sampling"),
     _fraction("rollout.top_p", "1 keeps every token", zero=False),
     _at_least("rollout.top_k", -1, "-1 or 0: no top-k filtering"),
@@ -689,13 +694,6 @@ def _check_multi_turn(multi_turn: MultiTurnConfig) -> None:
     if not multi_turn.tool_config_path:
         raise ConfigError("rollout.multi_turn.enable needs rollout.multi_turn.tool_config_path: a tool config file "
                           "in verl's format (tools: [{class_name, config, tool_schema}]; docs/agentic.md)")
-    for key in ("max_assistant_turns", "max_user_turns"):
-        value = getattr(multi_turn, key)
-        if value is not None and value < 1:
-            raise ConfigError(f"rollout.multi_turn.{key}={value}: give 1 or more, or leave it unset (no limit)")
-    if multi_turn.max_parallel_calls < 1 or multi_turn.max_tool_response_length < 1 or multi_turn.tool_timeout <= 0:
-        raise ConfigError("rollout.multi_turn.max_parallel_calls, max_tool_response_length and tool_timeout must be "
-                          "above 0")
 
 
 def validate(config: Config) -> None:
