@@ -217,3 +217,37 @@ def test_a_verl_multi_turn_line_trains_a_cpu_step(tmp_path):
                              capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "unknown tool class 'verl.tools.gone.Gsm8kTool'" in refused.stderr.strip().splitlines()[-1]
+
+
+def test_the_retriever_answers_search_r1s_api_and_verls_search_tool_reads_it(tmp_path):
+    """BM25 over the bundled corpus behind Search-R1's retrieve API; verl's SearchTool formats its passages."""
+    from verl_runtime.agent.tools import SearchTool
+    from verl_runtime.services import retriever
+
+    server = retriever.serve("127.0.0.1", 0, retriever.load_corpus(retriever.BUNDLED_CORPUS))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/retrieve"
+    try:
+        schema = {"type": "function", "function": {"name": "search", "parameters": {
+            "type": "object", "properties": {"query_list": {"type": "array"}}, "required": ["query_list"]}}}
+        tool = SearchTool({"retrieval_service_url": url, "topk": 2}, schema)
+        response, _, _ = tool.execute("i", {"query_list": ["capital of France", "highest mountain"]})
+        text = json.loads(response.text)["result"]
+        first, second = text.split("\n---\n")
+        assert first.startswith('Doc 1 (Title: "Paris")\nParis is the capital') and "Doc 2" in first
+        assert second.startswith('Doc 1 (Title: "Mount Everest")')
+        import urllib.error
+        import urllib.request
+
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            urllib.request.urlopen(urllib.request.Request(url, b'{"queries": "not a list"}'))
+        assert bad.value.code == 400 and b"queries must be a list of strings" in bad.value.read()
+    finally:
+        server.shutdown()
+        server.server_close()
+    torn = write(tmp_path, "corpus.jsonl", '{"id": "0", "contents": "\\"A\\"\\ntext"}\n{"id": 1\n')
+    done = subprocess.run([sys.executable, "-m", "verl_runtime.services.retriever", "--corpus", str(torn)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        f"error: corpus {torn} line 2 is not JSON with a contents field (Search-R1's format: "
+        '{"id": ..., "contents": "\\"Title\\"\\ntext"})']

@@ -114,6 +114,43 @@ class SandboxFusionTool(BaseTool):
         return ToolResponse(text=text), 0.0, {"status": run.get("status")}
 
 
+class SearchTool(BaseTool):
+    """verl's search tool (verl.tools.search_tool.SearchTool): the `query_list` argument goes to a retriever that
+    speaks Search-R1's retrieve API (ours: verl_runtime/services/retriever.py) at config.retrieval_service_url; the
+    passages come back as verl formats them ("Doc 1 (Title: ...)"), in {"result": ...}."""
+
+    def __init__(self, config: dict, tool_schema: dict):
+        super().__init__(config, tool_schema)
+        self.url = self.config.get("retrieval_service_url")
+        if not self.url:
+            raise ConfigError(f"tool {self.name}: config.retrieval_service_url is needed (the retriever's retrieve "
+                              "URL, e.g. http://127.0.0.1:8000/retrieve)")
+        self.topk, self.timeout = int(self.config.get("topk", 3)), float(self.config.get("timeout", 30))
+
+    def execute(self, instance_id, parameters, **kwargs):  # blocking HTTP: the loop runs it in a thread
+        queries = parameters.get("query_list")
+        if not isinstance(queries, list) or not queries or not all(isinstance(q, str) for q in queries):
+            return ToolResponse(text=json.dumps({"result": "Error: query_list must be a list of strings"})), 0.0, {}
+        request = json.dumps({"queries": queries, "topk": self.topk, "return_scores": True}).encode()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(
+                    self.url, request, {"Content-Type": "application/json"}), timeout=self.timeout) as reply:
+                results = json.loads(reply.read())["result"]
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            return ToolResponse(text=json.dumps({"result": f"Error: the retriever at {self.url}: {exc}"})), 0.0, {}
+        text = "\n---\n".join(passages(hits) for hits in results)
+        return ToolResponse(text=json.dumps({"result": text})), 0.0, {"queries": len(queries)}
+
+
+def passages(hits: list[dict]) -> str:
+    """verl's _passages2string: each hit's title (its first line) and text."""
+    shown = []
+    for number, hit in enumerate(hits, 1):
+        title, _, text = hit.get("document", hit)["contents"].partition("\n")
+        shown.append(f"Doc {number} (Title: {title})\n{text}")
+    return "\n\n".join(shown)
+
+
 class CalculatorTool(BaseTool):
     """Ours: evaluates an arithmetic expression (+ - * / // % ** and parentheses over numbers), nothing else."""
 
@@ -132,9 +169,11 @@ class CalculatorTool(BaseTool):
 VERL_TOOLS = {
     "verl.tools.gsm8k_tool.Gsm8kTool": Gsm8kTool,
     "verl.tools.sandbox_fusion_tools.SandboxFusionTool": SandboxFusionTool,
+    "verl.tools.search_tool.SearchTool": SearchTool,
     "verl_runtime.agent.tools.CalculatorTool": CalculatorTool,
     "verl_runtime.agent.tools.Gsm8kTool": Gsm8kTool,
     "verl_runtime.agent.tools.SandboxFusionTool": SandboxFusionTool,
+    "verl_runtime.agent.tools.SearchTool": SearchTool,
 }
 
 
