@@ -7,6 +7,7 @@ component fails the test; elsewhere the test is skipped with the reason.
 import os
 import shutil
 import socket
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -274,3 +275,18 @@ def leftovers(docker_client):
         for container in containers(docker_client, run_id):
             container.remove(force=True)
         shutil.rmtree(secrets_dir(run_id), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sandbox_server():
+    """Our code sandbox (verl_runtime/services/sandbox.py) serving on a free port, with a 4 s ceiling; its base URL."""
+    from verl_runtime.services import sandbox
+
+    try:
+        server = sandbox.serve("127.0.0.1", 0, sandbox.Limits(max_run_timeout_s=4), concurrency=2)
+    except ValueError as exc:  # no network namespaces for this user here
+        require(False, str(exc))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()

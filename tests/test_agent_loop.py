@@ -4,7 +4,6 @@ responses join the response without loss on them, and a verl multi-turn command 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -168,19 +167,8 @@ def test_a_tool_call_runs_and_its_response_is_context_without_loss(tmp_path, too
 
 
 @pytest.fixture(scope="module")
-def sandbox_url():
-    from verl_runtime.services import sandbox
-
-    try:
-        server = sandbox.serve("127.0.0.1", 0, sandbox.Limits(max_run_timeout_s=4), concurrency=2)
-    except ValueError as exc:  # no network namespaces for this user here
-        if os.environ.get("CI", "").lower() == "true":
-            raise
-        pytest.skip(str(exc))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}/run_code"
-    server.shutdown()
-    server.server_close()
+def sandbox_url(sandbox_server):
+    return f"{sandbox_server}/run_code"
 
 
 def test_verls_code_tool_runs_in_our_sandbox_and_a_loop_is_cut(sandbox_url):

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import urllib.error
 import urllib.request
 
@@ -22,17 +21,8 @@ from verl_wheel import verl  # noqa: F401 (verl 0.9.1's modules from its wheel)
 
 
 @pytest.fixture(scope="module")
-def url():
-    try:
-        server = sandbox.serve("127.0.0.1", 0, sandbox.Limits(max_run_timeout_s=4), concurrency=2)
-    except ValueError as exc:  # no network namespaces for this user here
-        if os.environ.get("CI", "").lower() == "true":
-            raise
-        pytest.skip(str(exc))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
+def url(sandbox_server):
+    return sandbox_server
 
 
 def post(url: str, body, path: str = "/run_code") -> tuple[int, dict]:
