@@ -79,6 +79,9 @@ def test_verls_gsm8k_tool_config_loads_and_scores_as_verls_tool(tmp_path):
     right, better, _ = asyncio.run(tool.execute(instance, {"answer": "72"}))
     assert (reward, better) == (-0.05, 0.0) and "reward=1.0" in right.text and "reward=0.0" in wrong.text
     assert asyncio.run(tool.calc_reward(instance)) == 1.0
+    # as verl 0.9.1's loop calls it: the row's create_kwargs in one keyword
+    called, _ = asyncio.run(tool.create(create_kwargs={"ground_truth": "72"}))
+    assert "reward=1.0" in asyncio.run(tool.execute(called, {"answer": "72"}))[0].text
 
 
 @pytest.mark.parametrize("text, says", [

@@ -46,6 +46,8 @@ class ToolLoop:
         self.schemas = [tool.tool_schema for tool in tools.values()]
         self.pad_id = tokenizer.pad_token_id
         self.separator = _after_end_of_turn(tokenizer)
+        self.anchor = [{"role": "user", "content": "."}]  # what a tool turn's text is rendered after (_render_turn)
+        self.anchor_text = _template(tokenizer, self.anchor, self.schemas, generation=False)
 
     def rollout(self, prompts: list[list[int]], tools_kwargs: list[dict], params: SamplingParams) -> tuple[dict, dict]:
         """Episodes of prompts (each params.n times, adjacent) as one rollout batch, and the loop's metrics."""
@@ -109,7 +111,7 @@ class ToolLoop:
         instance = None
         try:
             create_kwargs = (episode.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
-            instance, _ = await _awaited(tool.create, **create_kwargs)
+            instance, _ = await _awaited(tool.create, create_kwargs=create_kwargs)  # verl 0.9.1's call
             response, reward, _ = await asyncio.wait_for(_awaited(tool.execute, instance, call.arguments),
                                                          self.settings.tool_timeout)
             if reward is not None:
@@ -128,14 +130,20 @@ class ToolLoop:
 
     def _append_tool_turn(self, episode: Episode, texts: list[str]) -> None:
         messages = [{"role": _TOOL_ROLE, "content": text} for text in texts]
-        ids = self.tokenizer.encode(self.separator + _render_turn(self.tokenizer, messages, self.schemas),
-                                    add_special_tokens=False)
+        ids = self.tokenizer.encode(self.separator + self._render_turn(messages), add_special_tokens=False)
         if len(episode.response) + len(ids) >= self.max_response_length:  # verl: no room for the answer
             episode.done = True
             return
         episode.response += ids
         episode.mask += [0] * len(ids)
         episode.user_turns += 1
+
+    def _render_turn(self, messages: list[dict]) -> str:
+        """The tool messages as the chat template writes them after an assistant turn, up to the next assistant
+        turn: the template's text of [anchor, *messages] past its text of the anchor (verl's trick of rendering a
+        delta)."""
+        full = _template(self.tokenizer, self.anchor + messages, self.schemas, generation=True)
+        return full[len(self.anchor_text):] if full.startswith(self.anchor_text) else full
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -186,15 +194,6 @@ async def _awaited(method, *args, **kwargs):
     if inspect.iscoroutinefunction(method):
         return await method(*args, **kwargs)
     return await asyncio.to_thread(method, *args, **kwargs)
-
-
-def _render_turn(tokenizer, messages: list[dict], schemas: list[dict]) -> str:
-    """The tool messages as the chat template writes them after an assistant turn, up to the next assistant turn:
-    the template's text of [user, *messages] past its text of [user] (verl's trick of rendering a delta)."""
-    anchor = [{"role": "user", "content": "."}]
-    base = _template(tokenizer, anchor, schemas, generation=False)
-    full = _template(tokenizer, anchor + messages, schemas, generation=True)
-    return full[len(base):] if full.startswith(base) else full
 
 
 def _after_end_of_turn(tokenizer) -> str:

@@ -61,7 +61,8 @@ class Gsm8kTool(BaseTool):
 
     async def create(self, instance_id=None, ground_truth=None, **kwargs):
         instance_id = instance_id or str(uuid.uuid4())
-        truth = ground_truth if ground_truth is not None else kwargs.get("create_kwargs", {}).get("ground_truth")
+        # verl 0.9.1's loop passes the row's create_kwargs as one keyword; earlier ones spread them
+        truth = ground_truth if ground_truth is not None else (kwargs.get("create_kwargs") or {}).get("ground_truth")
         self._episodes[instance_id] = {"ground_truth": str(truth), "reward": 0.0}
         return instance_id, ToolResponse()
 
@@ -99,12 +100,9 @@ class SandboxFusionTool(BaseTool):
         code = parameters.get("code")
         if not isinstance(code, str) or not code.strip():
             return ToolResponse(text="Error: the code argument is missing or empty"), 0.0, {}
-        request = json.dumps({"code": code, "language": self.language, "run_timeout": self.timeout,
-                              "memory_limit_MB": self.memory_mb}).encode()
+        request = {"code": code, "language": self.language, "run_timeout": self.timeout, "memory_limit_MB": self.memory_mb}
         try:
-            with urllib.request.urlopen(urllib.request.Request(
-                    self.url, request, {"Content-Type": "application/json"}), timeout=self.timeout + 10) as reply:
-                result = json.loads(reply.read())
+            result = post_json(self.url, request, self.timeout + 10)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             return ToolResponse(text=f"Error: the sandbox at {self.url} did not answer: {exc}"), 0.0, {}
         run = result.get("run_result") or {}
@@ -131,11 +129,9 @@ class SearchTool(BaseTool):
         queries = parameters.get("query_list")
         if not isinstance(queries, list) or not queries or not all(isinstance(q, str) for q in queries):
             return ToolResponse(text=json.dumps({"result": "Error: query_list must be a list of strings"})), 0.0, {}
-        request = json.dumps({"queries": queries, "topk": self.topk, "return_scores": True}).encode()
         try:
-            with urllib.request.urlopen(urllib.request.Request(
-                    self.url, request, {"Content-Type": "application/json"}), timeout=self.timeout) as reply:
-                results = json.loads(reply.read())["result"]
+            results = post_json(self.url, {"queries": queries, "topk": self.topk, "return_scores": True},
+                                self.timeout)["result"]
         except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
             return ToolResponse(text=json.dumps({"result": f"Error: the retriever at {self.url}: {exc}"})), 0.0, {}
         text = "\n---\n".join(passages(hits) for hits in results)
@@ -163,6 +159,13 @@ class CalculatorTool(BaseTool):
         except Exception as exc:  # a malformed expression is the episode's error, told to the model
             return ToolResponse(text=f"Error: {type(exc).__name__}: {exc}"), 0.0, {}
         return ToolResponse(text=str(value)), 0.0, {}
+
+
+def post_json(url: str, body: dict, timeout: float) -> dict:
+    """A service's JSON reply to a JSON POST (the sandbox's, the retriever's)."""
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return json.loads(reply.read())
 
 
 # verl's tool classes (its examples' tool configs name them) -> ours

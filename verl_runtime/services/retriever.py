@@ -13,16 +13,15 @@ import argparse
 import json
 import math
 import re
-import signal
 import sys
-import threading
 from collections import Counter
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from verl_runtime.services import serving
+
 BUNDLED_CORPUS = Path(__file__).with_name("corpus.jsonl")
-MAX_REQUEST_BYTES = 1 << 20
 MAX_TOPK = 50
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -101,48 +100,31 @@ def retrieve(request: dict, index: Index) -> dict:
     return {"result": results}
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(serving.JsonHandler):
     server_version = "verl-deploy-retriever"
+    name = "retriever"
     index: Index
-
-    def log_message(self, format, *args) -> None:
-        sys.stderr.write(f"retriever: {self.command} {self.path} {args[1] if len(args) > 1 else ''}\n")
-
-    def _send(self, code: int, body) -> None:
-        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json" if isinstance(body, dict) else "text/plain")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self) -> None:
         if self.path == "/health":
-            self._send(200, "pong")
+            self.send(200, "pong")
         else:
-            self._send(404, {"message": f"no such path {self.path}: POST /retrieve, GET /health"})
+            self.send(404, {"message": f"no such path {self.path}: POST /retrieve, GET /health"})
 
     def do_POST(self) -> None:
         if self.path.rstrip("/") != "/retrieve":
-            self._send(404, {"message": f"no such path {self.path}: POST /retrieve"})
-            return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_REQUEST_BYTES:
-            self._send(413, {"message": f"request of {length} bytes is over the limit of {MAX_REQUEST_BYTES}"})
+            self.send(404, {"message": f"no such path {self.path}: POST /retrieve"})
             return
         try:
-            request = json.loads(self.rfile.read(length) or b"{}")
-            if not isinstance(request, dict):
-                raise ValueError("the request is not a JSON object")
-            self._send(200, retrieve(request, self.index))
+            self.send(200, retrieve(self.read_json(), self.index))
+        except serving.TooLarge as exc:
+            self.send(413, {"message": str(exc)})
         except ValueError as exc:
-            self._send(400, {"message": str(exc).splitlines()[0]})
+            self.send(400, {"message": str(exc).splitlines()[0]})
 
 
 def serve(host: str, port: int, index: Index) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer((host, port), type("Handler", (_Handler,), {"index": index}))
-    server.daemon_threads = True
-    return server
+    return serving.threaded_server(host, port, type("Handler", (_Handler,), {"index": index}))
 
 
 def main(argv=None) -> int:
@@ -160,14 +142,7 @@ def main(argv=None) -> int:
         return 2
     print(f"retriever: serving retrieve on http://{args.host}:{server.server_port} ({len(server.RequestHandlerClass.index.documents)} "
           "documents)", file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+    return serving.serve_until_stopped(server)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import math
 import os
 import resource
@@ -37,15 +36,17 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+
+from verl_runtime.services import serving
 
 NOBODY = 65534
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 # python: this Python in isolated mode (-I: no PYTHON* variables, no user site), with the packages it has (where
 # the sandbox user cannot reach it, e.g. under a root-only home, the system's python3)
 LANGUAGES = {"python": ("main.py", ("python", "-I", "main.py")), "bash": ("main.sh", ("bash", "main.sh"))}
-MAX_REQUEST_BYTES = 1 << 20  # the code and its stdin
+MAX_REQUEST_BYTES = serving.MAX_REQUEST_BYTES  # the code and its stdin
 ISOLATIONS = ("namespace", "external")
 
 
@@ -222,46 +223,33 @@ def check_isolation(isolation: str) -> None:
                          "--network-isolation external")
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(serving.JsonHandler):
     server_version = "verl-deploy-sandbox"
+    name = "sandbox"
     limits = Limits()
     isolation = "namespace"
     slots: threading.Semaphore = threading.Semaphore(os.cpu_count() or 1)
 
-    def log_message(self, format, *args) -> None:  # one line per request on stderr, no code or output
-        sys.stderr.write(f"sandbox: {self.command} {self.path} {args[1] if len(args) > 1 else ''}\n")
-
-    def _send(self, code: int, body: dict | str) -> None:
-        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json" if isinstance(body, dict) else "text/plain")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
     def do_GET(self) -> None:
         if self.path in ("/health", "/v1/ping"):
-            self._send(200, "pong")
+            self.send(200, "pong")
         else:
-            self._send(404, {"message": f"no such path {self.path}: POST /run_code, GET /health"})
+            self.send(404, {"message": f"no such path {self.path}: POST /run_code, GET /health"})
 
     def do_POST(self) -> None:
         if self.path.rstrip("/") not in ("/run_code", "/v1/run_code"):
-            self._send(404, {"message": f"no such path {self.path}: POST /run_code"})
-            return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_REQUEST_BYTES:
-            self._send(413, {"message": f"request of {length} bytes is over the limit of {MAX_REQUEST_BYTES}"})
+            self.send(404, {"message": f"no such path {self.path}: POST /run_code"})
             return
         try:
-            request = json.loads(self.rfile.read(length) or b"{}")
-            if not isinstance(request, dict):
-                raise ValueError("not a JSON object")
+            request = self.read_json()
+        except serving.TooLarge as exc:
+            self.send(413, {"message": str(exc)})
+            return
         except ValueError as exc:
-            self._send(400, _reply("SandboxError", f"the request is not a JSON object: {exc}", None))
+            self.send(400, _reply("SandboxError", f"the request is not a JSON object: {exc}", None))
             return
         with self.slots:  # at most one run per CPU at a time; the others wait their turn
-            self._send(200, run_code(request, self.limits, self.isolation))
+            self.send(200, run_code(request, self.limits, self.isolation))
 
 
 def serve(host: str, port: int, limits: Limits = Limits(), isolation: str = "namespace",
@@ -270,9 +258,7 @@ def serve(host: str, port: int, limits: Limits = Limits(), isolation: str = "nam
     check_isolation(isolation)
     handler = type("Handler", (_Handler,), {"limits": limits, "isolation": isolation,
                                              "slots": threading.Semaphore(concurrency or os.cpu_count() or 1)})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return serving.threaded_server(host, port, handler)
 
 
 def main(argv=None) -> int:
@@ -293,14 +279,7 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"sandbox: serving run_code on http://{args.host}:{server.server_port}", file=sys.stderr, flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+    return serving.serve_until_stopped(server)
 
 
 if __name__ == "__main__":
