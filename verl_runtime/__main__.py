@@ -61,9 +61,11 @@ def train(config_path: str, overrides: list[str]) -> int:
         log_path = config.run_dir / TRAIN_LOG
         try:
             with _tee_console(log_path), oom.translated(config):  # running out of memory: one line, also at start-up
+                from verl_runtime.services.running import running
                 from verl_runtime.trainer import SingleControllerTrainer
 
-                SingleControllerTrainer(config).fit()
+                with running(config) as services:  # the tools' services, healthy before the model loads
+                    SingleControllerTrainer(config, services).fit()
         except (UserError, OSError, RuntimeError) as exc:
             fault = exc if isinstance(exc, UserError) else machine_fault(exc)
             if fault is not None:

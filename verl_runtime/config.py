@@ -338,6 +338,34 @@ class RayConfig:
 
 
 @dataclass
+class SandboxServiceConfig:
+    # A code sandbox that speaks SandboxFusion's run_code API (verl_runtime/services/sandbox.py), started with the
+    # run and stopped with it; SandboxFusionTool's sandbox_fusion_url points at it.
+    enable: bool = False
+    url: str | None = None  # a sandbox that already runs there (http://host:port): checked, not started
+    memory_mb: int = 1024  # the most memory one program may take
+    run_timeout: float = 10.0  # the longest one program may run, in seconds (a request may ask for less)
+
+
+@dataclass
+class RetrieverServiceConfig:
+    # A retriever that speaks Search-R1's retrieve API (verl_runtime/services/retriever.py); SearchTool's
+    # retrieval_service_url points at it.
+    enable: bool = False
+    url: str | None = None  # a retriever that already runs there (http://host:port): checked, not started
+    corpus: str | None = None  # Search-R1's JSON lines ({"id", "contents"}); None: the small bundled corpus
+
+
+@dataclass
+class ServicesConfig:
+    # What the run's tools call (rollout.multi_turn), started before the trainer, health-checked and stopped with
+    # the run: processes beside the trainer, or containers and sidecars the launcher runs (docs/agentic.md).
+    sandbox: SandboxServiceConfig = field(default_factory=SandboxServiceConfig)
+    retriever: RetrieverServiceConfig = field(default_factory=RetrieverServiceConfig)
+    health_timeout: float = 60.0  # seconds a service may take to answer /health
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -349,6 +377,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    services: ServicesConfig = field(default_factory=ServicesConfig)
 
     @property
     def train(self) -> TrainerConfig:
@@ -456,6 +485,9 @@ RANGES = (
     _at_least("rollout.multi_turn.max_parallel_calls", 1, "tool calls run per turn"),
     _at_least("rollout.multi_turn.max_tool_response_length", 1, "characters of a tool response kept"),
     _above("rollout.multi_turn.tool_timeout", 0, "seconds one tool call may take"),
+    _at_least("services.sandbox.memory_mb", 16, "MB one program may take"),
+    _above("services.sandbox.run_timeout", 0, "seconds one program may run"),
+    _above("services.health_timeout", 0, "seconds a service may take to become healthy"),
     _at_least("rollout.temperature", 0, "0 means greedy sampling"),
     _fraction("rollout.top_p", "1 keeps every token", zero=False),
     _at_least("rollout.top_k", -1, "-1 or 0: no top-k filtering"),
@@ -696,6 +728,13 @@ def _check_multi_turn(multi_turn: MultiTurnConfig) -> None:
                           "in verl's format (tools: [{class_name, config, tool_schema}]; docs/agentic.md)")
 
 
+def _check_services(services: ServicesConfig) -> None:
+    for name in ("sandbox", "retriever"):
+        url = getattr(services, name).url
+        if url and not str(url).startswith(("http://", "https://")):
+            raise ConfigError(f"services.{name}.url {url!r}: give where it serves, http://host:port")
+
+
 def validate(config: Config) -> None:
     """Check choices and that batch sizes divide; raise one ConfigError for the first problem."""
     _check_choice("algorithm.adv_estimator", config.algorithm.adv_estimator, ADV_ESTIMATORS)
@@ -710,6 +749,7 @@ def validate(config: Config) -> None:
     _check_choice("trainer.resume", config.trainer.resume, ("auto", "disable"))
     _check_choice("rollout.name", config.rollout.name, ("hf", "builtin", "vllm"))
     _check_multi_turn(config.rollout.multi_turn)
+    _check_services(config.services)
     _check_choice("trainer.placement", config.trainer.placement, ("colocated", "split"))
     _check_choice("actor.strategy", config.actor.strategy, ("dp", "fsdp"))
     _check_choice("critic.strategy", config.critic.strategy, ("dp", "fsdp"))

@@ -44,6 +44,9 @@ def local_paths(config) -> list[LocalPath]:
                     raise DataError(f"{key}: unknown toy task {name!r}: choose one of {choices}")
             else:
                 found.append(LocalPath(key, name, DATA_FILE))
+    retriever = config.services.retriever
+    if retriever.enable and retriever.corpus and not retriever.url:  # read by the retriever the run starts
+        found.append(LocalPath("services.retriever.corpus", str(retriever.corpus), DATA_FILE))
     if config.reward.function:
         found.append(LocalPath("reward.function", str(parse_spec(config.reward.function)[0]), REWARD_FILE))
     for key, model in (("model.path", config.model.path), ("critic.model_path", config.critic.model_path),

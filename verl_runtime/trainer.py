@@ -44,7 +44,9 @@ OPTIMAL_TOKEN_BASELINES = ("optimal_token_baseline", "tir_optimal_token_baseline
 
 
 class SingleControllerTrainer:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, services: dict[str, str] | None = None):
+        """services: where the run's services (config.services) serve, {name: base URL}, as
+        services.running.running() yields them; None: the URLs the config or the launcher gives."""
         print("[INFO] Initializing SingleControllerTrainer...", flush=True)
         oom.reset()  # an earlier trainer's notes in this process say nothing of this one
         validate(config)
@@ -67,7 +69,7 @@ class SingleControllerTrainer:
         self.critic, self.ref = groups.get("critic"), groups.get("ref")
         # With LoRA the reference is the actor with its adapters disabled (verl's ref_in_actor): no second model.
         self.ref_policy = self.actor if needs_reference(config) and self.ref is None else self.ref
-        self.tool_loop = tool_loop(config, self.actor.generate, self.tokenizer)  # None: one response per sample
+        self.tool_loop = tool_loop(config, self.actor.generate, self.tokenizer, services)  # None: one response per sample
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
         self.global_step = 0
         # The run's length, which a cosine or ratio warm-up schedule needs: fit() knows it; step() callers set it.
@@ -463,15 +465,18 @@ def _warn_once(line: str) -> None:
         print(line, flush=True)
 
 
-def tool_loop(config: Config, generate, tokenizer):
-    """rollout.multi_turn's tool loop over the actor's generate (its tools loaded from the tool config), or None."""
+def tool_loop(config: Config, generate, tokenizer, services: dict[str, str] | None = None):
+    """rollout.multi_turn's tool loop over the actor's generate (its tools loaded from the tool config, those that
+    call a service of the run given its URL), or None."""
     multi_turn = config.rollout.multi_turn
     if not multi_turn.enable:
         return None
     from verl_runtime.agent.loop import ToolLoop
     from verl_runtime.agent.tools import load_tools
+    from verl_runtime.services.running import given_urls
 
-    return ToolLoop(generate, tokenizer, load_tools(multi_turn.tool_config_path), multi_turn,
+    urls = given_urls(config) if services is None else services
+    return ToolLoop(generate, tokenizer, load_tools(multi_turn.tool_config_path, urls), multi_turn,
                     config.data.max_response_length)
 
 

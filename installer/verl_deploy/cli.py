@@ -296,6 +296,8 @@ def status(
     typer.echo(f"  run dir: {found.run_dir}")
     if line := _verl_source_line(found.run_dir):
         typer.echo(f"  {line}")
+    if found.services:
+        typer.echo(f"  services: {', '.join(f'{name} {url}' for name, url in found.services.items())}")
     if found.checkpoints:
         typer.echo(f"  checkpoints: {', '.join(found.checkpoints)}")
     then = "a resume passes over it" if found.checkpoints else "no checkpoint is left to resume from"

@@ -55,6 +55,7 @@ class RunStatus:
     runtime: str = ""  # verl-deploy (ours) | verl (upstream's main_ppo)
     started: str = ""  # UTC, ISO 8601 ("" where unknown)
     total_steps: int | None = None  # the run's last start said it trains this many steps
+    services: dict[str, str] = field(default_factory=dict)  # a running run's services: name -> where they serve
 
     @property
     def progress(self) -> str:
@@ -70,6 +71,7 @@ class RunStatus:
             "run_dir": self.run_dir,
             "last_metrics": self.metrics,
             "checkpoints": self.checkpoints,
+            "services": self.services,
             "unusable_checkpoints": self.unusable_checkpoints,
             "detail": self.detail,
             "runtime": self.runtime,
@@ -111,8 +113,18 @@ def run_status(run_dir: Path, target: str, state: str, **fields) -> RunStatus:
         metrics=last_metrics(run_dir), checkpoints=[path.name for _, path, why in checked if why is None],
         unusable_checkpoints={path.name: why for _, path, why in checked if why},
         runtime=launch.runtime, started=started_at(run_dir),
-        total_steps=total_steps(run_dir), **fields,
+        total_steps=total_steps(run_dir), services=running_services(run_dir) if state == "running" else {},
+        **fields,
     )
+
+
+def running_services(run_dir: Path) -> dict[str, str]:
+    """The services the run's trainer says run beside it (rundir.SERVICES_FILE), {} where it says none."""
+    try:
+        found = json.loads((Path(run_dir) / rundir.SERVICES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(name): str(url) for name, url in found.items()} if isinstance(found, dict) else {}
 
 
 def record_finished(run_dir: Path, exit_code: int | None, detail: str = "") -> None:

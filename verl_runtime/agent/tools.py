@@ -86,12 +86,15 @@ class SandboxFusionTool(BaseTool):
     """verl's code tool (verl.tools.sandbox_fusion_tools.SandboxFusionTool): the `code` argument runs in a sandbox
     that speaks SandboxFusion's run_code API (ours: verl_runtime/services/sandbox.py) at config.sandbox_fusion_url."""
 
+    service = "sandbox"  # the run's services.sandbox, where declared, gives the URL
+
     def __init__(self, config: dict, tool_schema: dict):
         super().__init__(config, tool_schema)
         self.url = self.config.get("sandbox_fusion_url")
         if not self.url:
             raise ConfigError(f"tool {self.name}: config.sandbox_fusion_url is needed (the sandbox's run_code URL, "
-                              "e.g. http://127.0.0.1:8080/run_code)")
+                              "e.g. http://127.0.0.1:8080/run_code), or services.sandbox.enable=true to run ours "
+                              "with the run")
         self.timeout = float(self.config.get("default_timeout", 30))
         self.language = self.config.get("default_language", "python")
         self.memory_mb = int(self.config.get("memory_limit_mb", 1024))
@@ -117,12 +120,15 @@ class SearchTool(BaseTool):
     speaks Search-R1's retrieve API (ours: verl_runtime/services/retriever.py) at config.retrieval_service_url; the
     passages come back as verl formats them ("Doc 1 (Title: ...)"), in {"result": ...}."""
 
+    service = "retriever"  # the run's services.retriever, where declared, gives the URL
+
     def __init__(self, config: dict, tool_schema: dict):
         super().__init__(config, tool_schema)
         self.url = self.config.get("retrieval_service_url")
         if not self.url:
             raise ConfigError(f"tool {self.name}: config.retrieval_service_url is needed (the retriever's retrieve "
-                              "URL, e.g. http://127.0.0.1:8000/retrieve)")
+                              "URL, e.g. http://127.0.0.1:8000/retrieve), or services.retriever.enable=true to run "
+                              "ours with the run")
         self.topk, self.timeout = int(self.config.get("topk", 3)), float(self.config.get("timeout", 30))
 
     def execute(self, instance_id, parameters, **kwargs):  # blocking HTTP: the loop runs it in a thread
@@ -221,8 +227,25 @@ def tool_class(class_name: str):
     return cls
 
 
-def load_tools(path) -> dict:
-    """The tools of a verl tool config file, by name; ConfigError (one line) for a file that does not hold them."""
+def with_service_url(config: dict, cls, services: dict[str, str], where: str) -> dict:
+    """A tool's config with the URL of the run's service it calls (services: {name: base URL}), where the run
+    declares that service: the tool class's own (`service`), or any tool whose config names the service's key."""
+    from verl_runtime.services.registry import SERVICES
+
+    for name, base in services.items():
+        service = SERVICES[name]
+        if getattr(cls, "service", None) == name or service.url_key in config:
+            url = service.url(base)
+            if config.get(service.url_key) not in (None, url):
+                print(f"{where}: {service.url_key} is the run's {name} service, {url} (was {config[service.url_key]})",
+                      flush=True)
+            config = {**config, service.url_key: url}
+    return config
+
+
+def load_tools(path, services: dict[str, str] | None = None) -> dict:
+    """The tools of a verl tool config file, by name; ConfigError (one line) for a file that does not hold them.
+    services: the run's services ({name: base URL}); the tools that call one get its URL."""
     path = Path(path).expanduser()
     try:
         document = yaml.safe_load(path.read_text())
@@ -243,7 +266,8 @@ def load_tools(path) -> dict:
         if config.get("type", "native") != "native":
             raise ConfigError(f"{where}: tool type {config['type']!r} is not here (native only; MCP tools are not)")
         schema = check_schema(entry.get("tool_schema"), where)
-        tool = tool_class(entry["class_name"])(config=config, tool_schema=schema)
+        cls = tool_class(entry["class_name"])
+        tool = cls(config=with_service_url(config, cls, services or {}, where), tool_schema=schema)
         if tool.name in tools:
             raise ConfigError(f"{where}: a second tool named {tool.name!r}: give each tool its own function name")
         tools[tool.name] = tool

@@ -20,12 +20,13 @@ from typing import Iterator
 
 from verl_deploy import runs
 from verl_deploy.launchers.jobspec import (
-    DEFAULT_SHM, MANAGED_LABEL, RUN_ID_LABEL, RUNS_DIR, SECRETS_DIR, STOP_GRACE_S, JobSpec, LaunchError,
+    DATA_DIR, DEFAULT_SHM, MANAGED_LABEL, RUN_ID_LABEL, RUNS_DIR, SECRETS_DIR, STOP_GRACE_S, JobSpec, LaunchError,
     launch_fault,
 )
 from verl_deploy.sizes import docker_size
 from verl_deploy.runs import RunStatus
 from verl_runtime.rundir import TRAIN_LOG
+from verl_runtime.services.registry import SERVICES, url_env
 
 # NVIDIA's recommendation for PyTorch containers: pinned memory without limit, a 64 MB stack.
 ULIMITS = {"memlock": (-1, -1), "stack": (67108864, 67108864)}
@@ -39,7 +40,12 @@ TMPFS = {"/tmp": "rw,exec,nosuid,nodev,mode=1777"}
 CREATED_GRACE_S = 120  # a container still `created` after this was left by an interrupted launch, not starting
 
 ROLE_LABEL = "verl-deploy.role"  # set by this launcher only: what it may record and remove (compose's are not)
+TRAINER_ROLES = ("trainer", "ray-head")  # the container that trains; the others (ray-worker, service) serve it
 RAY_PORT = 6379
+# A service's container (config.services): its process and what it starts (the sandbox's runs, each limited by
+# itself) need far fewer than a trainer; a fork bomb in untrusted code stops here.
+SERVICE_PIDS_LIMIT = 512
+HEALTH_INTERVAL_NS = 1_000_000_000
 
 
 class LaunchInterrupted(LaunchError):
@@ -53,18 +59,35 @@ class Plan:
     """One container of a run: the trainer, or for several nodes a Ray head (which runs the trainer) or worker."""
 
     name: str
-    role: str  # trainer | ray-head | ray-worker
+    role: str  # trainer | ray-head | ray-worker | service
     command: list[str]
     shell: bool = False  # run `command` through /bin/sh -c instead of the image's entrypoint
+    service: str | None = None  # a service's name (verl_runtime/services/registry.py)
 
 
 def network_name(spec: JobSpec) -> str:
     return f"{spec.run_id}-net"
 
 
+def services_network(spec: JobSpec) -> str:
+    """The run's services and its trainer meet on a network with no route out: untrusted code in the sandbox
+    reaches nothing but them."""
+    return f"{spec.run_id}-services"
+
+
+def service_url(spec: JobSpec, service) -> str:
+    return f"http://{spec.run_id}-{service.name}:{service.port}"  # a container's name resolves on its network
+
+
 def plans(spec: JobSpec) -> list[Plan]:
-    """Containers in start order. Several nodes: a Ray head and workers on one network, the way a KubeRay
-    RayJob runs; the trainer runs on the head and joins its cluster through RAY_ADDRESS."""
+    """Containers in start order: the run's services first (healthy before the trainer starts). Several nodes: a
+    Ray head and workers on one network, the way a KubeRay RayJob runs; the trainer runs on the head and joins its
+    cluster through RAY_ADDRESS."""
+    services = [Plan(f"{spec.run_id}-{service.name}", "service", [], service=service.name) for service in spec.services]
+    return [*services, *_trainer_plans(spec)]
+
+
+def _trainer_plans(spec: JobSpec) -> list[Plan]:
     if spec.nodes == 1:
         return [Plan(spec.run_id, "trainer", list(spec.command.entry_args))]
     head = spec.run_id  # the head keeps the run's name: status, logs and stop follow it
@@ -140,6 +163,8 @@ def container_options(spec: JobSpec, plan: Plan | None = None, environ=None) -> 
     from docker.types import DeviceRequest, Mount, Ulimit
 
     plan = plan or plans(spec)[-1]
+    if plan.role == "service":
+        return service_options(spec, plan)
     mounts = [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in spec.mounts]
     if spec.secrets:
         mounts.append(Mount(SECRETS_DIR, str(secrets_dir(spec.run_id, environ)), type="bind", read_only=True))
@@ -176,7 +201,10 @@ def container_options(spec: JobSpec, plan: Plan | None = None, environ=None) -> 
         options["mem_limit"] = docker_size(spec.memory)
         options["memswap_limit"] = docker_size(spec.memory)  # no swap: a run out of memory is OOMKilled, not slowed to a crawl
     options["mounts"] = mounts
-    options["environment"] = dict(spec.container_env)
+    options["environment"] = {**spec.container_env, **{url_env(service.name): service_url(spec, service)
+                                                       for service in spec.services}}
+    if spec.services and plan.role in TRAINER_ROLES:
+        options["networks"] = [services_network(spec)]  # joined after create, before start (one network at create)
     if spec.working_dir:
         options["working_dir"] = spec.working_dir
     if plan.shell:
@@ -184,6 +212,36 @@ def container_options(spec: JobSpec, plan: Plan | None = None, environ=None) -> 
     options["image"] = spec.image
     options["command"] = plan.command
     return options
+
+
+def service_options(spec: JobSpec, plan: Plan) -> dict:
+    """A service's container: the run's image, hardened as the trainer's, on the services network only, with
+    nothing of the run's environment (no tokens reach untrusted code) and the data directory read-only (a
+    retriever's corpus); its health is Docker's healthcheck on the service's /health."""
+    from docker.types import Mount
+
+    service = SERVICES[plan.service]
+    settings = getattr(spec.loaded.services, service.name)
+    mounts = [Mount(DATA_DIR, str(spec.data_dir), type="bind", read_only=True)] if spec.data_dir else []
+    return {
+        "name": plan.name,
+        "init": True,
+        "labels": {**spec.labels, ROLE_LABEL: plan.role},
+        "user": spec.user,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "pids_limit": SERVICE_PIDS_LIMIT,
+        "read_only": True,
+        "tmpfs": dict(TMPFS),
+        "network": services_network(spec),
+        "mounts": mounts,
+        "environment": {"HOME": "/tmp", "PYTHONUNBUFFERED": "1"},
+        "healthcheck": {"test": ["CMD", *service.probe()], "interval": HEALTH_INTERVAL_NS,
+                        "timeout": 3 * HEALTH_INTERVAL_NS, "retries": 3},
+        "entrypoint": ["python"],
+        "image": spec.image,
+        "command": service.args(settings, service.port, host="0.0.0.0", in_container=True),
+    }
 
 
 def without_ulimits(options: dict) -> dict:
@@ -237,16 +295,29 @@ RUN_FLAGS = {
     "environment": lambda v: _each("-e", [f"{key}={value}" for key, value in v.items()]),
     "working_dir": lambda v: ["--workdir", v],
     "entrypoint": lambda v: ["--entrypoint", v[0]],  # the rest of it goes after the image (below)
+    "healthcheck": lambda v: ["--health-cmd", shlex.join(v["test"][1:]), "--health-interval", f"{v['interval'] // 10**9}s",
+                              "--health-timeout", f"{v['timeout'] // 10**9}s", "--health-retries", str(v["retries"])],
 }
 
 
-def docker_run_args(options: dict, detach: bool = False) -> list[str]:
-    """The `docker run` command line of container_options(...)."""
-    args = ["docker", "run"] + (["--detach"] if detach else [])
+def docker_run_args(options: dict, detach: bool = False, verb: str = "run") -> list[str]:
+    """The `docker run` command line of container_options(...) (`docker create`: verb)."""
+    args = ["docker", verb] + (["--detach"] if detach else [])
     for key, value in options.items():
-        if key not in ("image", "command"):
+        if key not in ("image", "command", "networks"):
             args += RUN_FLAGS[key](value)
     return args + [options["image"], *options.get("entrypoint", [])[1:], *options["command"]]
+
+
+def docker_lines(options: dict, detach: bool = False) -> list[str]:
+    """The command lines that make and start one container: `docker run`, or for a container on a second network
+    (options["networks"]: a trainer with services) create, connect, start, as launch() does it."""
+    if not options.get("networks"):
+        return [shlex.join(docker_run_args(options, detach))]
+    name = options["name"]
+    return [shlex.join(docker_run_args(options, verb="create")),
+            *(shlex.join(["docker", "network", "connect", network, name]) for network in options["networks"]),
+            shlex.join(["docker", "start"] + ([] if detach else ["--attach"]) + [name])]
 
 
 def run_options(spec: JobSpec) -> list[dict]:
@@ -388,6 +459,26 @@ def _keep_console(run_dir: Path, container) -> bool:
     return True
 
 
+def wait_healthy(containers: list, timeout: float) -> None:
+    """Until Docker's healthcheck says each service container is healthy; LaunchError (one line, with its log's
+    last line) for one that exits or is not healthy in time."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    for container in containers:
+        while True:
+            container.reload()
+            health = (container.attrs["State"].get("Health") or {}).get("Status")
+            if health == "healthy":
+                break
+            if container.status in ("exited", "dead") or health == "unhealthy" or time.monotonic() > deadline:
+                lines = container.logs(tail=5).decode(errors="replace").strip().splitlines() or ["(no log)"]
+                why = (f"exited with code {container.attrs['State'].get('ExitCode')}" if container.status in ("exited", "dead")
+                       else f"did not become healthy in {timeout:g} s (services.health_timeout)")
+                raise LaunchError(f"service container {container.name} {why}: {lines[-1]}")
+            time.sleep(0.5)
+
+
 def _age_s(container) -> float:
     """Seconds since the container was created (the engine says when, in UTC, to the nanosecond)."""
     created = datetime.strptime(container.attrs["Created"][:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
@@ -433,7 +524,7 @@ class DockerLauncher:
 
     def _trainer(self, engine, run_id: str):
         """The run's trainer container (for several nodes: the Ray head, which runs the trainer), or None."""
-        found = [c for c in self._run_containers(engine, run_id) if c.labels.get(ROLE_LABEL) != "ray-worker"]
+        found = [c for c in self._run_containers(engine, run_id) if c.labels.get(ROLE_LABEL) in TRAINER_ROLES]
         return found[0] if found else None
 
     def _run_dir(self, run_id: str, container=None) -> Path:
@@ -449,8 +540,10 @@ class DockerLauncher:
     # --- launch ------------------------------------------------------------------------------------------------
 
     def dry_run(self, spec: JobSpec) -> str:
-        lines = [shlex.join(docker_run_args(options, detach=options["labels"][ROLE_LABEL] == "ray-worker"))
-                 for options in run_options(spec)]
+        lines = [line for options in run_options(spec)
+                 for line in docker_lines(options, detach=options["labels"][ROLE_LABEL] not in TRAINER_ROLES)]
+        if spec.services:
+            lines.insert(0, shlex.join(["docker", "network", "create", "--internal", services_network(spec)]))
         if spec.nodes > 1:
             lines.insert(0, shlex.join(["docker", "network", "create", network_name(spec)]))
         return "\n".join(lines)
@@ -481,6 +574,9 @@ class DockerLauncher:
         except docker.errors.APIError as exc:
             self._abandon(spec, fresh, previous)
             raise _start_error(spec, exc) from None
+        except LaunchError:  # a service that did not become healthy
+            self._abandon(spec, fresh, previous)
+            raise
         except OSError as exc:  # the host's runs directory: read-only, not ours, or a full disk
             self._abandon(spec, fresh, previous)
             raise launch_fault(exc, spec.run_dir) from None
@@ -514,9 +610,18 @@ class DockerLauncher:
     def _create_and_start(self, engine, spec: JobSpec, options: list[dict]):
         if spec.nodes > 1:
             engine.networks.create(network_name(spec), driver="bridge", labels=dict(spec.labels))
+        if spec.services:
+            engine.networks.create(services_network(spec), driver="bridge", internal=True, labels=dict(spec.labels))
+        services = []
         for one in options:
-            container = engine.containers.create(**one)
+            if one["labels"][ROLE_LABEL] in TRAINER_ROLES and services:
+                wait_healthy(services, spec.loaded.services.health_timeout)
+            container = engine.containers.create(**{key: value for key, value in one.items() if key != "networks"})
+            for network in one.get("networks", ()):
+                engine.networks.get(network).connect(container)
             container.start()
+            if one["labels"][ROLE_LABEL] == "service":
+                services.append(container)
         return container
 
     def _abandon(self, spec: JobSpec, fresh: bool, previous: dict | None) -> None:
@@ -656,7 +761,7 @@ class DockerLauncher:
         if engine is None:
             return [self._from_record(self.runs_root / run_id, unreachable=True) for run_id in recorded]
         ours = engine.containers.list(all=True, filters={"label": [RUN_ID_LABEL, ROLE_LABEL]})
-        trainers = {c.labels[RUN_ID_LABEL]: c for c in ours if c.labels[ROLE_LABEL] != "ray-worker"}
+        trainers = {c.labels[RUN_ID_LABEL]: c for c in ours if c.labels[ROLE_LABEL] in TRAINER_ROLES}
         found = [self._observe(engine, run_id, trainers.pop(run_id)) if run_id in trainers
                  else self._from_record(self.runs_root / run_id) for run_id in recorded]
         # Runs with a run directory elsewhere (another --runs-dir) are still live here.
@@ -709,9 +814,10 @@ class DockerLauncher:
         return None
 
     def _stop_workers(self, engine, run_id: str) -> None:
+        """The Ray workers and the services: they keep no state of the run (checkpoints are the trainer's)."""
         for worker in self._run_containers(engine, run_id):
-            if worker.status == "running" and worker.labels.get(ROLE_LABEL) == "ray-worker":
-                worker.kill()  # workers keep no state of the run: checkpoints are the trainer's, on the head
+            if worker.status == "running" and worker.labels.get(ROLE_LABEL) not in TRAINER_ROLES:
+                worker.kill()
 
     # --- runs rm -------------------------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ MANAGED_LABEL = "verl-deploy.managed"
 # Inside every container.
 CONFIG_DIR = "/etc/verl-deploy"
 CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
+TOOL_CONFIG_NAME = "tool_config.yaml"  # rollout.multi_turn.tool_config_path's file, beside the config in a container
 RUNS_DIR = "/workspace/runs"
 CACHE_DIR = "/cache/huggingface"
 DATA_DIR = "/data"
@@ -157,6 +158,7 @@ class JobSpec:
     data_dir: Path | None = None
     reward_file: Path | None = None  # reward.function's file on the host, read-only beside the config in the container
     reward_name: str = ""  # the function in it ("": verl's default, compute_score)
+    tool_config: Path | None = None  # rollout.multi_turn.tool_config_path on the host, beside the config in a container
     # Kubernetes: PersistentVolumeClaims for the data (read-only at /data) and the Hugging Face cache (None: the
     # run's own, which the launcher creates), and the storage class of the claims it creates.
     data_claim: str | None = None
@@ -190,6 +192,16 @@ class JobSpec:
             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), flags=dict(self.launch_flags),
             trainer=tuple(self.trainer), verl_source=dict(self.verl_source), **given,
         )
+
+    @property
+    def services(self) -> list:
+        """The services of config.services that the launcher runs beside the trainer (registry.Service): those
+        declared without a url of their own. Upstream verl's config declares none."""
+        if self.loaded is None:
+            return []
+        from verl_runtime.services.registry import declared
+
+        return [service for service in declared(self.loaded) if not getattr(self.loaded.services, service.name).url]
 
     @property
     def container_run_dir(self) -> str:
@@ -227,6 +239,8 @@ class JobSpec:
             mounts.append(Mount(str(self.data_dir), DATA_DIR, read_only=True))
         if self.reward_file:
             mounts.append(Mount(str(self.reward_file), self.container_reward_file, read_only=True))
+        if self.tool_config:
+            mounts.append(Mount(str(self.tool_config), f"{CONFIG_DIR}/{TOOL_CONFIG_NAME}", read_only=True))
         return mounts
 
 
@@ -635,6 +649,19 @@ def host_reward_file(function: str | None) -> tuple[Path | None, str]:
     return (file.resolve(), name) if path.endswith(".py") and file.is_file() else (None, "")
 
 
+def host_tool_config(config) -> Path | None:
+    """rollout.multi_turn.tool_config_path's file on this host, which a container sees only mounted beside the
+    config (TOOL_CONFIG_NAME); LaunchError for one that is not there."""
+    multi_turn = config.rollout.multi_turn
+    if not multi_turn.enable or not multi_turn.tool_config_path:
+        return None
+    path = Path(multi_turn.tool_config_path).expanduser()
+    if not path.is_file():
+        raise LaunchError(f"rollout.multi_turn.tool_config_path {multi_turn.tool_config_path}: no such file on this "
+                          "host (the launcher sends it with the run)")
+    return path.resolve()
+
+
 def command_of(spec: JobSpec) -> Command:
     """The run's Command. Our runtime's: `train` with the config file and the run directory (the container's, or
     the host's), `trainer.resume=auto` always (a fresh run directory starts from scratch, a reused one continues),
@@ -661,6 +688,8 @@ def command_of(spec: JobSpec) -> Command:
     reward = ()
     if spec.reward_file:
         reward = ("--set", f"reward.function={spec.container_reward_file}" + f":{spec.reward_name}" * bool(spec.reward_name))
+    if spec.tool_config:
+        reward += ("--set", f"rollout.multi_turn.tool_config_path={CONFIG_DIR}/{TOOL_CONFIG_NAME}")
     args = (*train(CONFIG_FILE, spec.container_run_dir), *reward)
     return Command(args=args, host_args=train(str(spec.config_path), str(spec.run_dir)), entry_args=args,
                    shell=("python", "-m", "verl_runtime", *args))
@@ -714,12 +743,13 @@ def build_spec(
         if not trainer.takes_config:  # verl's overrides are its whole config, the world size among them
             config_path, loaded = None, None  # verl checks its own config, in its image
             gpus, nodes = verl_world(overrides, gpus, nodes)
-            reward_file, reward_name = None, ""
+            reward_file, reward_name, tool_config = None, "", None
         else:
             config_path = config_file(config)
             loaded = load_checked(config_path, overrides)  # its warnings (verl keys without effect here) shown once
             gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
             reward_file, reward_name = host_reward_file(check_world(loaded, gpus, nodes).reward.function)
+            tool_config = host_tool_config(loaded)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     with sizes_checked():  # the GPUs are known now: --gpus, or the config's
@@ -759,6 +789,7 @@ def build_spec(
         loaded=loaded,
         reward_file=reward_file,
         reward_name=reward_name,
+        tool_config=tool_config,
         hf_cache=Path(hf_cache).expanduser().resolve() if hf_cache else None,
         data_dir=Path(data_dir).resolve() if data_dir else None,
         data_claim=data_claim or (f"{run_id}-data" if data_size else None),

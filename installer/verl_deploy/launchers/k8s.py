@@ -24,11 +24,13 @@ from verl_deploy.launchers.jobspec import (
     RUNS_DIR,
     SECRET_ENV,
     SECRETS_DIR,
+    TOOL_CONFIG_NAME,
     JobSpec,
     LaunchError,
 )
 from verl_deploy.runs import RunStatus
 from verl_runtime.errors import EXIT_USER_ERROR
+from verl_runtime.services.registry import url_env
 
 FIELD_MANAGER = "verl-deploy"
 SECRET_NAME = "verl-deploy-secrets"  # optional; `launch` fills it from the caller's environment
@@ -134,7 +136,7 @@ def _env(spec: JobSpec) -> list[dict]:
     """Settings only: credentials are files in SECRETS_DIR (the secrets volume), never environment variables.
     Upstream verl's pods also name the token file for huggingface_hub: KubeRay starts their Ray processes itself,
     past the image's entrypoint that loads the files (a path, not the value; no file, no token)."""
-    env = dict(spec.container_env)
+    env = {**spec.container_env, **{url_env(service.name): service_url(spec, service) for service in spec.services}}
     if spec.upstream:
         env.setdefault("HF_TOKEN_PATH", f"{SECRETS_DIR}/HF_TOKEN")
     return [{"name": key, "value": value} for key, value in env.items()]
@@ -301,7 +303,8 @@ def config_map(spec: JobSpec) -> dict:
         "metadata": _metadata(spec, f"{spec.run_id}-config"),
         # The reward function's file beside the config (the container's reward.function points there).
         "data": {"config.yaml": spec.config_text,
-                 **({spec.reward_file.name: spec.reward_file.read_text()} if spec.reward_file else {})},
+                 **({spec.reward_file.name: spec.reward_file.read_text()} if spec.reward_file else {}),
+                 **({TOOL_CONFIG_NAME: spec.tool_config.read_text()} if spec.tool_config else {})},
     }
 
 
@@ -452,10 +455,72 @@ def network_policies(spec: JobSpec) -> list[dict]:
     return [network_policy(spec)] + ([submitter_policy(spec)] if spec.nodes > 1 else [])
 
 
+# The run's services (config.services): a Deployment, a Service and a NetworkPolicy each, owned by the workload.
+# Their pods carry SERVICE_OF_LABEL, not the run's RUN_ID_LABEL: the run's pods are its trainer's (status, logs).
+SERVICE_OF_LABEL = "verl-deploy.service-of"
+SERVICE_LABEL = "verl-deploy.service"
+SERVICE_MEMORY = 2 << 30  # the sandbox's runs are limited one by one (services.sandbox.memory_mb); this caps them all
+SERVICE_TMP = 1 << 30
+
+
+def service_url(spec: JobSpec, service) -> str:
+    return f"http://{spec.run_id}-{service.name}:{service.port}"  # the Service's name, in the run's namespace
+
+
+def service_objects(spec: JobSpec, service) -> list[dict]:
+    """One service of the run: its Deployment (the run's image, hardened as the trainer, nothing of the run's
+    environment or secrets, the data claim read-only for a retriever's corpus), its Service, and a NetworkPolicy
+    that lets only the run's trainer pods in and nothing out (the sandbox runs untrusted code)."""
+    name = f"{spec.run_id}-{service.name}"
+    selects = {SERVICE_OF_LABEL: spec.run_id, SERVICE_LABEL: service.name}
+    labels = {MANAGED_LABEL: "true", **selects}
+    settings = getattr(spec.loaded.services, service.name)
+    memory, storage = sizes.k8s_quantity(SERVICE_MEMORY), ephemeral_storage(SERVICE_TMP)
+    main = {
+        "name": service.name,
+        "image": spec.image,
+        "imagePullPolicy": pull_policy(spec),
+        "command": ["python"],
+        "args": service.args(settings, service.port, host="0.0.0.0", in_container=True),
+        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": "http", "containerPort": service.port, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": service.health, "port": service.port}, "periodSeconds": 2},
+        "resources": {"requests": {"cpu": "1", "memory": memory, **storage}, "limits": {"memory": memory, **storage}},
+        "securityContext": container(spec)["securityContext"],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]
+        + ([{"name": "data", "mountPath": DATA_DIR, "readOnly": True}] if spec.data_claim else []),
+    }
+    pod = {
+        "securityContext": pod_spec(spec, main)["securityContext"],
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "containers": [main],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": sizes.k8s_quantity(SERVICE_TMP)}}]
+        + ([{"name": "data", "persistentVolumeClaim": {"claimName": spec.data_claim, "readOnly": True}}]
+           if spec.data_claim else []),
+    }
+    metadata = {"name": name, "namespace": spec.namespace, "labels": labels}
+    port = {"protocol": "TCP", "port": service.port}
+    return [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata,
+         "spec": {"replicas": 1, "selector": {"matchLabels": selects},
+                  "template": {"metadata": {"labels": labels}, "spec": pod}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": metadata,
+         "spec": {"selector": selects, "ports": [{**port, "name": "http", "targetPort": service.port}]}},
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata,
+         "spec": {"podSelector": {"matchLabels": selects}, "policyTypes": ["Ingress", "Egress"],
+                  "ingress": [{"from": [{"podSelector": {"matchLabels": {RUN_ID_LABEL: spec.run_id}}}],
+                               "ports": [port]}],
+                  "egress": []}},
+    ]
+
+
 def manifests(spec: JobSpec) -> list[dict]:
     workload = ray_job(spec) if spec.nodes > 1 else job(spec)
     config = None if spec.upstream else config_map(spec)  # upstream verl's config is its command line
-    objects = (config, *network_policies(spec), run_volume(spec), data_volume(spec), cache_volume(spec), workload)
+    services = [obj for service in spec.services for obj in service_objects(spec, service)]
+    objects = (config, *network_policies(spec), *services, run_volume(spec), data_volume(spec), cache_volume(spec),
+               workload)
     return [obj for obj in objects if obj]
 
 
@@ -658,9 +723,11 @@ KINDS = {
     "Job": ("batch", "job"),
     "NetworkPolicy": ("networking", "network_policy"),
     "RayJob": ("custom", "custom_object"),
+    "Deployment": ("apps", "deployment"),
+    "Service": ("core", "service"),
 }
 # The run's objects that go with its workload: owned by it, garbage-collected when its TTL deletes it.
-WITH_WORKLOAD = ("ConfigMap", "NetworkPolicy")
+WITH_WORKLOAD = ("ConfigMap", "NetworkPolicy", "Deployment", "Service")
 
 
 class Cluster:
@@ -678,6 +745,7 @@ class Cluster:
         self.core = client.CoreV1Api(api_client)
         self.batch = client.BatchV1Api(api_client)
         self.networking = client.NetworkingV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
     def check_namespace(self, namespace: str) -> None:

@@ -140,7 +140,8 @@ def _container_flags(spec: JobSpec, nodes: int) -> list[str]:
     from verl_deploy.launchers.docker import container_options, docker_run_args, without_ulimits
 
     # No --ulimit: the job's limits are the cluster's (Slurm propagates them); an engine may refuse to raise them.
-    options = without_ulimits(container_options(dataclasses.replace(spec, secrets=())))
+    # No services: the trainer starts them beside itself on the head node (a Docker target's containers are not here).
+    options = without_ulimits(container_options(dataclasses.replace(spec, secrets=(), loaded=None)))
     options.pop("labels", None)
     options.pop("name", None)
     if nodes > 1:
@@ -268,6 +269,11 @@ def batch_script(spec: JobSpec, options: SlurmOptions) -> str:
         ]
         env = {**env, "RAY_ADDRESS": "$RAY_ADDRESS"}
     trainer = _expand(in_container(spec, options, _trainer_argv(spec, options), env, "trainer"))
+    if spec.services:
+        names = ", ".join(service.name for service in spec.services)
+        lines.append(f"# The run's services ({names}) run on this (the head) node beside the trainer, which starts "
+                     "and health-checks them and stops them with itself; their logs are in the run directory's "
+                     "services/.")
     lines += [
         f"{trainer} &",
         "trainer=$!",
