@@ -19,6 +19,7 @@ pytestmark = pytest.mark.k8s
 CORE = "/api/v1/namespaces/team-a"
 JOBS = "/apis/batch/v1/namespaces/team-a/jobs"
 POLICIES = "/apis/networking.k8s.io/v1/namespaces/team-a/networkpolicies"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/team-a/deployments"
 
 
 def cli(*args, **kwargs):
@@ -133,7 +134,8 @@ def test_stopping_a_run_the_cluster_does_not_have_is_one_line(cluster, tmp_path)
 
 
 REMOVABLE = {("GET", JOBS): "jobs-r1-pending.json", ("GET", f"{CORE}/configmaps"): "configmaps-team-a.json",
-             ("GET", POLICIES): "networkpolicies-team-a.json",
+             ("GET", POLICIES): "networkpolicies-team-a.json", ("GET", DEPLOYMENTS): "deployments-team-a.json",
+             ("GET", f"{CORE}/services"): "services-team-a.json",
              ("GET", f"{CORE}/persistentvolumeclaims"): "pvcs-team-a.json"}
 
 
@@ -151,12 +153,16 @@ def test_runs_rm_removes_the_workload_its_config_and_its_claims_and_keeps_the_sh
         ("DELETE", f"{JOBS}/r1"),
         ("DELETE", f"{CORE}/configmaps/r1-config"),
         ("DELETE", f"{POLICIES}/r1-ingress"),
+        ("DELETE", f"{POLICIES}/r1-sandbox"),
+        ("DELETE", f"{DEPLOYMENTS}/r1-sandbox"),
+        ("DELETE", f"{CORE}/services/r1-sandbox"),
         ("DELETE", f"{CORE}/persistentvolumeclaims/r1-runs"),
         ("DELETE", f"{CORE}/persistentvolumeclaims/r1-hf-cache"),
-    ]  # not team-hf-cache (--hf-cache), gsm8k (--data), nor run r9's
+    ]  # its sandbox's too (labelled as a service of r1); not team-hf-cache (--hf-cache), gsm8k (--data), nor r9's
     assert [r.body for r in api.requests if r.method == "DELETE"][0] == {"propagationPolicy": "Background"}
     assert not run_dir.exists()
     assert result.stdout == ("removed run r1: Job r1, ConfigMap r1-config, NetworkPolicy r1-ingress, "
+                             "NetworkPolicy r1-sandbox, Deployment r1-sandbox, Service r1-sandbox, "
                              "PersistentVolumeClaim r1-runs, PersistentVolumeClaim r1-hf-cache, "
                              f"run directory {run_dir}\n")
 
@@ -178,13 +184,14 @@ def test_runs_rm_lists_what_goes_and_asks(cluster, tmp_path, monkeypatch, answer
     monkeypatch.setattr(cli_module, "_interactive", lambda: True)  # as at a terminal
     result = cli("runs", "rm", "r1", "--runs-dir", tmp_path / "runs", input=f"{answer}\n")
     assert result.stdout.startswith("removing run r1 removes:\n  Job r1\n  ConfigMap r1-config\n"
-                                    "  NetworkPolicy r1-ingress\n  PersistentVolumeClaim r1-runs\n"
+                                    "  NetworkPolicy r1-ingress\n  NetworkPolicy r1-sandbox\n  Deployment r1-sandbox\n"
+                                    "  Service r1-sandbox\n  PersistentVolumeClaim r1-runs\n"
                                     "  PersistentVolumeClaim r1-hf-cache\n"
                                     f"  run directory {run_dir}\nremove them? [y/N]: ")
     if answer == "n":
         assert result.exit_code == 1 and run_dir.exists() and api.calls("DELETE") == []
     else:
-        assert result.exit_code == 0 and not run_dir.exists() and len(api.calls("DELETE")) == 5
+        assert result.exit_code == 0 and not run_dir.exists() and len(api.calls("DELETE")) == 8
 
 
 def test_runs_still_lists_with_rm_beside_it(tmp_path):

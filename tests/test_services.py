@@ -186,7 +186,8 @@ def test_docker_runs_the_sandbox_as_a_container_and_leaves_nothing_after(tmp_pat
     runs = tmp_path / "runs"
     leftovers.append("dock-svc")
     started = cli("run", EXAMPLE, "--target", "docker", "--image", cpu_image, "--runs-dir", runs, "--run-id",
-                  "dock-svc", "--detach", "--shm-size", "1g", *TOOL_PATH, "--set", "trainer.total_training_steps=500")
+                  "dock-svc", "--detach", "--shm-size", "1g", *TOOL_PATH, "--set", "trainer.total_training_steps=2000",
+                  "--set", "trainer.num_epochs=200")  # still running when the test asks its sandbox
     assert started.exit_code == 0, started.output
     run_dir = runs / "dock-svc"
     assert wait_for(lambda: metrics_steps(run_dir))
@@ -202,6 +203,7 @@ def test_docker_runs_the_sandbox_as_a_container_and_leaves_nothing_after(tmp_pat
         "import json, urllib.request; print(urllib.request.urlopen(urllib.request.Request("
         "'http://dock-svc-sandbox:8080/run_code', json.dumps({'code': 'import socket\\n"
         "socket.create_connection((\"1.1.1.1\", 53), 3)'}).encode())).read().decode())")])
+    assert asked.exit_code == 0, asked.output.decode()
     reply = json.loads(asked.output)
     assert reply["run_result"]["return_code"] != 0 and "Error" in reply["run_result"]["stderr"]
 
@@ -209,4 +211,17 @@ def test_docker_runs_the_sandbox_as_a_container_and_leaves_nothing_after(tmp_pat
     assert not containers(docker_client, "dock-svc"), "the trainer's and the sandbox's containers are gone"
     assert not docker_client.networks.list(names=["dock-svc-services"])
     assert cli("status", "dock-svc", "--runs-dir", runs).output.startswith("dock-svc  docker  stopped")
+
+    # A detached run's sandbox outlives its trainer until its end is recorded; it does not keep --resume out
+    last = metrics_steps(run_dir)[-1]
+    resumed = cli("run", "--resume", "dock-svc", "--detach", "--runs-dir", runs, "--shm-size", "1g",
+                  "--set", f"trainer.total_training_steps={last + 1}")
+    assert resumed.exit_code == 0, resumed.output
+    trainer = docker_client.containers.get("dock-svc")
+    assert trainer.wait(timeout=180)["StatusCode"] == 0
+    assert docker_client.containers.get("dock-svc-sandbox").status == "running"
+    again = cli("run", "--resume", "dock-svc", "--runs-dir", runs, "--shm-size", "1g",
+                "--set", f"trainer.total_training_steps={last + 1}")
+    assert again.exit_code == 0 and "nothing to do" in again.output, again.output
+    assert not containers(docker_client, "dock-svc") and not docker_client.networks.list(names=["dock-svc-services"])
 

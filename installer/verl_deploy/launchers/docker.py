@@ -640,10 +640,10 @@ class DockerLauncher:
             _give_back(spec.run_dir)
 
     def _clear_finished(self, engine, run_id: str) -> None:
-        found = self._run_containers(engine, run_id)
-        if any(c.status == "running" for c in found):
-            raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
+        # The trainer decides: a detached run's services (and Ray workers) outlive it until its end is recorded.
         trainer = self._trainer(engine, run_id)
+        if trainer is not None and trainer.status in ("running", "restarting", "paused"):
+            raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
         if trainer is not None and trainer.status in ("exited", "dead"):
             self._finish(engine, run_id, trainer)  # a detached run's end, kept before its container goes
         self._remove_all(engine, run_id)

@@ -1089,13 +1089,17 @@ class K8sLauncher:
         """(what, how to delete it) for each part of the run that exists."""
         import shutil
 
-        ns, selector = self.namespace, self._selector(run_id)
+        ns = self.namespace
         found = [(f"{kind} {name}", lambda k=kind, n=name: self.cluster.delete(k, ns, n, propagation="Background"))
                  for kind, name in self._workloads(run_id)]
+        # The run's services carry SERVICE_OF_LABEL, not the run's label (service_objects says why).
+        selectors = (self._selector(run_id), f"{SERVICE_OF_LABEL}={run_id}")
         # A claim's pvc-protection finalizer keeps it until the workload's pods are gone: no need to wait for them.
         for kind in (*WITH_WORKLOAD, "PersistentVolumeClaim"):
+            names = [name for selector in selectors[: 1 if kind == "PersistentVolumeClaim" else 2]
+                     for name in self.cluster.names(kind, ns, selector)]
             found += [(f"{kind} {name}", lambda k=kind, n=name: self.cluster.delete(k, ns, n))
-                      for name in self.cluster.names(kind, ns, selector)]
+                      for name in dict.fromkeys(names)]
         run_dir = self.runs_root / run_id
         if run_dir.is_dir():
             found.append((f"run directory {run_dir}", lambda: shutil.rmtree(run_dir)))
