@@ -167,6 +167,25 @@ def test_runs_rm_removes_the_workload_its_config_and_its_claims_and_keeps_the_sh
                              f"run directory {run_dir}\n")
 
 
+def forbidden(resource: str, group: str) -> tuple[int, dict]:
+    """RBAC's refusal to list a resource (the shape and message of status-403-jobs.json)."""
+    api_group = f".{group}" if group else ""
+    return 403, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "Forbidden",
+                 "message": f'{resource}{api_group} is forbidden: User "system:serviceaccount:team-a:default" cannot '
+                            f'list resource "{resource}" in API group "{group}" in the namespace "team-a"',
+                 "details": {"group": group, "kind": resource}, "code": 403}
+
+
+def test_runs_rm_by_a_user_who_may_not_list_deployments_or_services_still_removes_the_run(cluster, tmp_path):
+    """Such a user's runs have no services; any the run had are its Job's, which the garbage collector follows."""
+    api = cluster({**REMOVABLE, ("GET", DEPLOYMENTS): forbidden("deployments", "apps"),
+                   ("GET", f"{CORE}/services"): forbidden("services", "")})
+    k8s_run_dir(tmp_path / "runs")
+    result = cli("runs", "rm", "r1", "--yes", "--runs-dir", tmp_path / "runs")
+    assert result.exit_code == 0, result.output
+    assert ("DELETE", f"{JOBS}/r1") in api.calls("DELETE") and len(api.calls("DELETE")) == 6  # the sandbox's policy
+
+
 def test_runs_rm_without_a_terminal_to_ask_needs_yes(cluster, tmp_path):
     api = cluster(REMOVABLE)
     run_dir = k8s_run_dir(tmp_path / "runs")

@@ -728,6 +728,8 @@ KINDS = {
 }
 # The run's objects that go with its workload: owned by it, garbage-collected when its TTL deletes it.
 WITH_WORKLOAD = ("ConfigMap", "NetworkPolicy", "Deployment", "Service")
+RUN_KINDS = ("ConfigMap", "NetworkPolicy", "PersistentVolumeClaim")  # those labelled with the run's id
+SERVICE_KINDS = ("NetworkPolicy", "Deployment", "Service")  # a service's (service_objects)
 
 
 class Cluster:
@@ -1092,18 +1094,29 @@ class K8sLauncher:
         ns = self.namespace
         found = [(f"{kind} {name}", lambda k=kind, n=name: self.cluster.delete(k, ns, n, propagation="Background"))
                  for kind, name in self._workloads(run_id)]
-        # The run's services carry SERVICE_OF_LABEL, not the run's label (service_objects says why).
-        selectors = (self._selector(run_id), f"{SERVICE_OF_LABEL}={run_id}")
         # A claim's pvc-protection finalizer keeps it until the workload's pods are gone: no need to wait for them.
         for kind in (*WITH_WORKLOAD, "PersistentVolumeClaim"):
-            names = [name for selector in selectors[: 1 if kind == "PersistentVolumeClaim" else 2]
-                     for name in self.cluster.names(kind, ns, selector)]
+            names = self.cluster.names(kind, ns, self._selector(run_id)) if kind in RUN_KINDS else []
+            names += self._service_names(kind, run_id) if kind in SERVICE_KINDS else []
             found += [(f"{kind} {name}", lambda k=kind, n=name: self.cluster.delete(k, ns, n))
                       for name in dict.fromkeys(names)]
         run_dir = self.runs_root / run_id
         if run_dir.is_dir():
             found.append((f"run directory {run_dir}", lambda: shutil.rmtree(run_dir)))
         return found
+
+    def _service_names(self, kind: str, run_id: str) -> list[str]:
+        """The run's service objects of a kind (they carry SERVICE_OF_LABEL, not the run's label: service_objects
+        says why). None where this user may not list the kind: a run without services never needed to, and the
+        run's Job owns them, so the garbage collector removes them with it all the same."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.cluster.names(kind, self.namespace, f"{SERVICE_OF_LABEL}={run_id}")
+        except ApiException as exc:
+            if exc.status == 403:
+                return []
+            raise
 
     def list(self) -> list[RunStatus]:
         """Every run in the namespace: batch Jobs (one node) and RayJobs (several)."""
