@@ -13,8 +13,10 @@ import pytest
 import yaml
 from conftest import REPO, require
 
-from verl_deploy.launchers.docker import PIDS_LIMIT
+from verl_deploy.launchers.docker import PIDS_LIMIT, SERVICE_PIDS_LIMIT
+from verl_runtime.config import ServicesConfig
 from verl_runtime.secrets import SECRET_ENV, SECRETS_DIR
+from verl_runtime.services.registry import SERVICES, url_env
 
 pytestmark = pytest.mark.docker
 
@@ -114,7 +116,8 @@ def test_compose_yaml_reserves_gpus_and_mounts_the_run_volumes(project):
 
 def hardened(service: dict) -> None:
     assert service["cap_drop"] == ["ALL"] and service["read_only"] is True
-    assert service["security_opt"] == ["no-new-privileges:true"] and int(service["pids_limit"]) == PIDS_LIMIT
+    limit = SERVICE_PIDS_LIMIT if service.get("profiles") == ["tools"] else PIDS_LIMIT  # as `run --target docker`
+    assert service["security_opt"] == ["no-new-privileges:true"] and int(service["pids_limit"]) == limit
     assert service["tmpfs"] == ["/tmp:exec,mode=1777"]  # Triton dlopens what it compiles into /tmp
 
 
@@ -156,6 +159,31 @@ def test_cpu_override_swaps_the_gpu_trainer_for_the_same_container_on_the_cpu(pr
     different = {"image", "shm_size", "deploy", "profiles", "ulimits"}
     assert {k: v for k, v in cpu.items() if k not in different} == {k: v for k, v in gpu.items() if k not in different}
     assert cpu["ulimits"]["stack"] == gpu["ulimits"]["stack"]
+
+
+def test_the_tool_services_are_hardened_on_a_network_with_no_way_out(project):
+    """compose.yaml's sandbox and retriever run what `run --target docker` runs (the registry's command line with the
+    config's defaults), hardened, with nothing of the run, on the internal network `tools`; the trainers find them
+    where the registry says."""
+    out = compose(project, "--profile", "tools", "--profile", "gpu", *CPU, "config")
+    assert out.returncode == 0, out.stderr
+    whole = yaml.safe_load(out.stdout)
+    assert whole["networks"]["tools"]["internal"] is True
+    services, defaults = whole["services"], ServicesConfig()
+    for name, service in SERVICES.items():
+        container = services[name]
+        hardened(container)
+        assert container["user"] != "0:0"
+        assert set(container["networks"]) == {"tools"} and container["profiles"] == ["tools"]
+        assert "secrets" not in container and container["environment"] == {"HOME": "/tmp", "PYTHONUNBUFFERED": "1"}
+        assert container["volumes"][0].endswith(":/data:ro") and container["image"].endswith("-cpu")
+        args = service.args(getattr(defaults, name), service.port, host="0.0.0.0", in_container=True)
+        assert container["entrypoint"] == ["python"]
+        assert [a for a in container["command"] if a] == args + (["--corpus"] if name == "retriever" else [])
+        assert container["healthcheck"]["test"] == ["CMD", *service.probe()]
+        for trainer in ("trainer", "trainer-cpu"):
+            assert services[trainer]["environment"][url_env(name)] == f"http://{name}:{service.port}"
+            assert set(services[trainer]["networks"]) == {"default", "tools"}
 
 
 def up_trainer(project, env, timeout=300) -> subprocess.CompletedProcess:
@@ -237,3 +265,28 @@ def test_a_failed_start_or_a_failed_trainer_is_a_nonzero_exit(project, docker_cl
         assert unreadable.returncode != 0 and "Training" not in unreadable.stdout
         assert "cannot read the secret /run/secrets/WANDB_API_KEY: chown it to" in logs.stdout
     assert failed.returncode != 0, failed.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_the_sandbox_runs_beside_the_trainer_and_stops_with_it(project, docker_client, cpu_image):
+    """docs/agentic.md's compose command: a multi-turn run with verl's SandboxFusion tool config (in the data folder)
+    finds the sandbox container, points the tool at it, trains, and `--exit-code-from` stops the sandbox with it."""
+    shutil.copy(REPO / "examples" / "tools" / "sandbox_fusion_tool_config.yaml", project / "data" / "tools.yaml")
+    config = yaml.safe_load(TINY_CONFIG)
+    config["data"].update(max_prompt_length=128, max_response_length=16)
+    config["rollout"]["multi_turn"] = {"enable": True, "tool_config_path": "/data/tools.yaml", "max_assistant_turns": 2}
+    config["services"] = {"sandbox": {"enable": True}}
+    (project / "tiny.yaml").write_text(yaml.safe_dump(config))
+    env = {"VERL_IMAGE": cpu_image}
+    try:
+        up = compose(project, "--profile", "tools", *CPU, "up", "--exit-code-from", "trainer-cpu", "trainer-cpu",
+                     "sandbox", env=env, timeout=300)
+    finally:
+        out = compose(project, "--profile", "tools", *CPU, "down", "-v", "--remove-orphans", env=env)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]
+    assert "service sandbox: http://sandbox:8080 is healthy" in up.stdout
+    assert "sandbox_fusion_url is the run's sandbox service, http://sandbox:8080/run_code" in up.stdout
+    assert "Training finished at step 2" in up.stdout
+    assert out.returncode == 0, out.stderr
+    assert docker_client.containers.list(all=True, filters={"label": f"com.docker.compose.project={PROJECT}"}) == []
+

@@ -132,11 +132,11 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--corpus", default=str(BUNDLED_CORPUS), help="Search-R1 corpus (JSON lines); default: "
-                                                                      "the small bundled one")
+    parser.add_argument("--corpus", default="", help="Search-R1 corpus (JSON lines); default (or empty, as "
+                                                      "compose.yaml passes an unset one): the small bundled one")
     args = parser.parse_args(argv)
     try:
-        server = serve(args.host, args.port, load_corpus(args.corpus))
+        server = serve(args.host, args.port, load_corpus(args.corpus or BUNDLED_CORPUS))
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
