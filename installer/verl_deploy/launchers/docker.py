@@ -38,6 +38,7 @@ PIDS_LIMIT = 16384
 # compile .so files there and dlopen them.
 TMPFS = {"/tmp": "rw,exec,nosuid,nodev,mode=1777"}
 CREATED_GRACE_S = 120  # a container still `created` after this was left by an interrupted launch, not starting
+LIVE_STATES = ("running", "restarting", "paused")  # Docker's states of a container whose process has not ended
 
 ROLE_LABEL = "verl-deploy.role"  # set by this launcher only: what it may record and remove (compose's are not)
 TRAINER_ROLES = ("trainer", "ray-head")  # the container that trains; the others (ray-worker, service) serve it
@@ -642,7 +643,7 @@ class DockerLauncher:
     def _clear_finished(self, engine, run_id: str) -> None:
         # The trainer decides: a detached run's services (and Ray workers) outlive it until its end is recorded.
         trainer = self._trainer(engine, run_id)
-        if trainer is not None and trainer.status in ("running", "restarting", "paused"):
+        if trainer is not None and trainer.status in LIVE_STATES:
             raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
         if trainer is not None and trainer.status in ("exited", "dead"):
             self._finish(engine, run_id, trainer)  # a detached run's end, kept before its container goes
@@ -717,7 +718,7 @@ class DockerLauncher:
     def _observe(self, engine, run_id: str, container) -> RunStatus:
         """A run whose trainer container exists: the engine's state wins over the record."""
         run_dir = self._run_dir(run_id, container)
-        if container.status in ("running", "restarting", "paused"):
+        if container.status in LIVE_STATES:
             return runs.run_status(run_dir, self.target, "running", exit_code=None, detail="")
         if container.status == "created":
             if _age_s(container) < CREATED_GRACE_S:
@@ -827,7 +828,7 @@ class DockerLauncher:
         it first. `confirm(items)` sees what will go before anything does, and raises to keep it all."""
         engine = self._live_engine(quiet=not self._recorded(run_id))
         containers = self._run_containers(engine, run_id) if engine is not None else []
-        if any(c.status in ("running", "restarting", "paused") for c in containers):
+        if any(c.status in LIVE_STATES for c in containers):
             raise LaunchError(f"run {run_id} is still running: `verl-deploy stop {run_id}` first")
         run_dir = self._run_dir(run_id, self._trainer(engine, run_id) if containers else None)
         if runs.trainer_holds(run_dir):  # a trainer this engine does not label (or a local one) still writes there

@@ -1099,7 +1099,7 @@ class K8sLauncher:
             names = self.cluster.names(kind, ns, self._selector(run_id)) if kind in RUN_KINDS else []
             names += self._service_names(kind, run_id) if kind in SERVICE_KINDS else []
             found += [(f"{kind} {name}", lambda k=kind, n=name: self.cluster.delete(k, ns, n))
-                      for name in dict.fromkeys(names)]
+                      for name in names]
         run_dir = self.runs_root / run_id
         if run_dir.is_dir():
             found.append((f"run directory {run_dir}", lambda: shutil.rmtree(run_dir)))
