@@ -28,6 +28,7 @@ CONFIG_FILE = f"{CONFIG_DIR}/config.yaml"
 TOOL_CONFIG_NAME = "tool_config.yaml"  # rollout.multi_turn.tool_config_path's file, beside the config in a container
 RUNS_DIR = "/workspace/runs"
 CACHE_DIR = "/cache/huggingface"
+RUNTIME_CACHE_DIR = f"{CACHE_DIR}/verl_runtime"  # verl_runtime.models.cache_root in the container
 DATA_DIR = "/data"
 
 
@@ -226,8 +227,10 @@ class JobSpec:
     def container_env(self) -> dict[str, str]:
         """Non-secret environment for the container (secrets are added by name by each launcher)."""
         upstream_env = verl_command.environment(self.container_run_dir) if self.upstream else {}
-        return {"HF_HOME": CACHE_DIR, "HOME": "/tmp", "PYTHONUNBUFFERED": "1", RUN_ID_ENV: self.run_id,
-                **upstream_env, **self.env}
+        # the built-in models are built beside the Hugging Face cache, so a mounted cache keeps them between runs
+        # (builtin:tiny-tools' lesson is taught once, not per run)
+        return {"HF_HOME": CACHE_DIR, "VERL_RUNTIME_CACHE": RUNTIME_CACHE_DIR, "HOME": "/tmp", "PYTHONUNBUFFERED": "1",
+                RUN_ID_ENV: self.run_id, **upstream_env, **self.env}
 
     @property
     def mounts(self) -> list[Mount]:
@@ -530,10 +533,10 @@ def check_prompt_lengths(spec: JobSpec, config, target: str) -> None:
     model = str(config.model.path)
     folder = hub = None
     if model.startswith("builtin:"):
-        from verl_deploy.plan.shape import BUILTIN_TINY, TINY_CACHE_NAME, _runtime_cache_root
+        from verl_deploy.plan.shape import BUILTIN_CACHES, TINY_CACHE_NAME, _runtime_cache_root
 
-        built = _runtime_cache_root() / TINY_CACHE_NAME  # the same tokenizer the run builds (built offline)
-        folder = built if model == BUILTIN_TINY and (built / "config.json").is_file() else None
+        built = _runtime_cache_root() / TINY_CACHE_NAME  # every built-in model's tokenizer (built offline)
+        folder = built if model in BUILTIN_CACHES and (built / "config.json").is_file() else None
     else:
         where = locate(LocalPath("model.path", model, MODEL_DIR))
         if where is not None and where.is_dir():
