@@ -92,6 +92,10 @@ def test_console_line_is_compact():
         "step  3/20 | reward 0.412 | loss 0.4321 | kl 0.0012 | len 17.3 | 1,234 tok/s | 0.81 s/step"
     )
     assert format_console_line(1, 8, {"loss": 0.5}) == "step 1/8 | loss 0.5000"
+    # a multi-turn run also shows its tool calls per episode
+    assert format_console_line(1, 8, {"critic/score/mean": 0.5, "tool_calls/mean": 0.875}) == (
+        "step 1/8 | reward 0.500 | tool calls 0.88"
+    )
 
 
 def test_reduce_metrics_averages_each_key_where_reported():

@@ -301,6 +301,7 @@ def test_the_built_in_models_names_are_the_runtimes():
     from verl_runtime import models
 
     assert (shape.BUILTIN_TINY, shape.TINY_CACHE_NAME) == (models.BUILTIN_TINY, models.TINY_CACHE_NAME)
+    assert shape.BUILTIN_CACHES == models.BUILTIN_CACHES
     assert shape._runtime_cache_root() == models.cache_root()
 
 

@@ -87,6 +87,21 @@ def test_a_trainer_killed_outright_takes_its_services_with_it(tmp_path):
         trainer.kill()
 
 
+@pytest.mark.slow
+def test_a_search_agent_run_gets_the_retriever_with_verls_search_tool_config_unchanged(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)  # as a user runs the example, from the checkout's root
+    runs = tmp_path / "runs"
+    done = cli("run", REPO / "examples" / "tool-search.yaml", "--target", "local", "--runs-dir", runs, "--run-id", "s")
+    assert done.exit_code == 0, done.output
+    log = (runs / "s" / "train.log").read_text()
+    url = re.search(r"service retriever: started on (http://127\.0\.0\.1:\d+)", log).group(1)
+    assert "Training finished at step 4" in log and not (runs / "s" / "services.json").exists()
+    from verl_runtime.agent.tools import load_tools  # the tool as the run built it: pointed at the run's retriever
+
+    tools = load_tools(REPO / "examples" / "tools" / "search_tool_config.yaml", {"retriever": url})
+    assert tools["search"].url == f"{url}/retrieve"
+
+
 def test_a_service_that_does_not_start_is_one_line_with_its_last_log_line(tmp_path):
     torn = tmp_path / "corpus.jsonl"
     torn.write_text('{"id": "0", "contents": "\\"A\\"\\ntext"}\n{"id": 1\n')

@@ -214,14 +214,12 @@ def batch_indices(n: int, batch_size: int, seed: int, epoch: int, shuffle: bool 
     return [order[start : start + batch_size] for start in range(0, n - batch_size + 1, batch_size)]
 
 
-# --- the quickstart's toy task ---------------------------------------------------------------------------
+# --- the toy tasks ---------------------------------------------------------------------------------------------
 #
 # "toy/letter": every prompt asks for one letter, repeated. The reward (rewards/toy.py) is the fraction of the
 # response's non-whitespace characters that are that letter. A random-init model can learn it by plain policy
 # gradient: the reward is dense (each right character counts), it does not depend on the prompt, and it only
 # asks the policy to move probability mass onto one token, so the mean reward climbs within tens of steps.
-# Only this task is offered: tasks that need the model to read the prompt (copying, counting) give a random-init
-# model a much sparser signal.
 
 TOY_LETTER = "a"
 _LETTER_PROMPTS = (
@@ -234,7 +232,18 @@ _LETTER_PROMPTS = (
     "Give me a long row of {c}.",
     "How many times can you write {c}? Show me.",
 )
-TOY_TASKS = ("letter",)
+# "toy/calculator": "What is 37*48?", two two-digit numbers; the reward is 1 when the response's last number is the
+# product. A tiny model cannot multiply, so it solves the task only by calling a tool: the agentic quickstart
+# (examples/tool-calculator.yaml), whose model builtin:tiny-tools was taught the call's form (verl_runtime/
+# tool_lesson.py) and learns by RL to copy the right numbers into it and the tool's answer out of it.
+CALCULATOR_PROMPT = "What is {a}*{b}?"
+TOY_TASKS = ("letter", "calculator")
+
+
+def calculator_question(rng: random.Random) -> tuple[str, int]:
+    """One toy/calculator question and its answer."""
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    return CALCULATOR_PROMPT.format(a=a, b=b), a * b
 
 
 def make_toy_rows(task: str, n: int, seed: int) -> list[dict]:
@@ -242,13 +251,17 @@ def make_toy_rows(task: str, n: int, seed: int) -> list[dict]:
     if task not in TOY_TASKS:
         raise DataError(f"unknown toy task '{task}': choose one of {', '.join(TOY_TASKS)}")
     rng = random.Random(seed)
-    return [
-        {
+    rows = []
+    for i in range(n):
+        if task == "calculator":
+            prompt, truth = calculator_question(rng)
+        else:
+            prompt, truth = rng.choice(_LETTER_PROMPTS).format(c=TOY_LETTER), TOY_LETTER
+        rows.append({
             "data_source": f"toy/{task}",
-            "prompt": [{"role": "user", "content": rng.choice(_LETTER_PROMPTS).format(c=TOY_LETTER)}],
+            "prompt": [{"role": "user", "content": prompt}],
             "ability": "toy",
-            "reward_model": {"style": "rule", "ground_truth": TOY_LETTER},
+            "reward_model": {"style": "rule", "ground_truth": str(truth)},
             "extra_info": {"split": "train", "index": i},
-        }
-        for i in range(n)
-    ]
+        })
+    return rows

@@ -18,6 +18,7 @@ _CONSOLE_FIELDS = (
     ("loss", ("loss", "actor/pg_loss"), "{:.4f}"),
     ("kl", ("actor/kl_loss", "actor/ppo_kl"), "{:.4f}"),
     ("len", ("response_length/mean",), "{:.1f}"),
+    ("tool calls", ("tool_calls/mean",), "{:.2f}"),  # per episode, in a multi-turn run (verl_runtime/agent/loop.py)
 )
 
 

@@ -18,14 +18,17 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from verl_runtime import oom, packed_attention
+from verl_runtime import oom, packed_attention, tool_lesson
 from verl_runtime.errors import ConfigError, ModelError
 from verl_runtime.hub import is_hub_id, snapshot
 from verl_runtime.lean_model import lean_path_applies, shared_prefix_hidden, shared_prefix_logits
 
 BUILTIN_TINY = "builtin:tiny"
-# Bump the suffix whenever the built model or tokenizer changes, so stale caches are not reused.
-TINY_CACHE_NAME = "builtin-tiny-v2"
+BUILTIN_TINY_TOOLS = "builtin:tiny-tools"  # builtin:tiny taught the form of a tool call (verl_runtime.tool_lesson)
+# The built-in models and their cache folders. Bump a suffix whenever that model or its tokenizer changes, so stale
+# caches are not reused. Both have builtin:tiny's architecture and tokenizer.
+BUILTIN_CACHES = {BUILTIN_TINY: "builtin-tiny-v2", BUILTIN_TINY_TOOLS: "builtin-tiny-tools-v1"}
+TINY_CACHE_NAME = BUILTIN_CACHES[BUILTIN_TINY]
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -58,12 +61,12 @@ def cache_root() -> Path:
 
 def resolve_model_path(path: str) -> str:
     """Turn a model setting into a local Hugging Face model directory: a directory as it is, a Hub id through
-    huggingface_hub's cache (verl_runtime.hub), builtin:tiny built on first use."""
+    huggingface_hub's cache (verl_runtime.hub), a built-in model built on first use."""
     path = str(path)
     if path.startswith("builtin:"):
-        if path != BUILTIN_TINY:
-            raise ModelError(f"unknown built-in model {path!r}: the built-in model is {BUILTIN_TINY!r}")
-        return str(_cached_tiny_model())
+        if path not in BUILTIN_CACHES:
+            raise ModelError(f"unknown built-in model {path!r}: the built-in models are {', '.join(BUILTIN_CACHES)}")
+        return str(_cached_builtin(path))
     local = Path(path).expanduser()
     if not local.is_dir() and is_hub_id(path):
         return snapshot(path)
@@ -80,21 +83,23 @@ def resolve_model_path(path: str) -> str:
     return str(local)
 
 
-def _cached_tiny_model() -> Path:
-    """Build builtin:tiny once per cache; concurrent builders race safely (temp dir + rename)."""
-    final = cache_root() / TINY_CACHE_NAME
+def _cached_builtin(name: str) -> Path:
+    """Build a built-in model once per cache; concurrent builders race safely (temp dir + rename)."""
+    final = cache_root() / BUILTIN_CACHES[name]
     if (final / "config.json").is_file():
         return final
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{TINY_CACHE_NAME}.tmp-", dir=final.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     except OSError as exc:
         raise ModelError(
-            f"cannot build {BUILTIN_TINY} in {final.parent} ({exc.strerror}): "
-            "set VERL_RUNTIME_CACHE to a writable directory"
+            f"cannot build {name} in {final.parent} ({exc.strerror}): set VERL_RUNTIME_CACHE to a writable directory"
         ) from exc
     try:
         build_tiny_model(tmp)
+        if name == BUILTIN_TINY_TOOLS:
+            print(f"{name}: teaching {BUILTIN_TINY} the tool call's form, once (cached in {final})", flush=True)
+            tool_lesson.teach(tmp)
         os.rename(tmp, final)
     except OSError:
         # Another process renamed its copy into place first: use that one.

@@ -171,10 +171,12 @@ def _load_json(file: Path) -> dict:
     return data
 
 
-# verl_runtime.models' names for the built-in model and its cache (copied so that a plan whose count is cached
-# imports no torch; tests/test_plan.py holds them equal).
+# verl_runtime.models' names for the built-in models and their caches (copied so that a plan whose count is cached
+# imports no torch; tests/test_plan.py holds them equal). All have builtin:tiny's architecture and tokenizer
+# (builtin:tiny-tools is its weights taught a tool call), so builtin:tiny's config.json and tokenizer stand for each.
 BUILTIN_TINY = "builtin:tiny"
-TINY_CACHE_NAME = "builtin-tiny-v2"
+BUILTIN_CACHES = {BUILTIN_TINY: "builtin-tiny-v2", "builtin:tiny-tools": "builtin-tiny-tools-v1"}
+TINY_CACHE_NAME = BUILTIN_CACHES[BUILTIN_TINY]
 
 
 def _runtime_cache_root() -> Path:
@@ -184,8 +186,8 @@ def _runtime_cache_root() -> Path:
 
 
 def _builtin(path: str) -> ConfigSource:
-    if path != BUILTIN_TINY:
-        raise PlanError(f"unknown built-in model {path!r}: the built-in model is {BUILTIN_TINY!r}")
+    if path not in BUILTIN_CACHES:
+        raise PlanError(f"unknown built-in model {path!r}: the built-in models are {', '.join(BUILTIN_CACHES)}")
     folder = _runtime_cache_root() / TINY_CACHE_NAME
     if not (folder / "config.json").is_file():
         try:
