@@ -240,10 +240,9 @@ CALCULATOR_PROMPT = "What is {a}*{b}?"
 TOY_TASKS = ("letter", "calculator")
 
 
-def calculator_question(rng: random.Random) -> tuple[str, int]:
-    """One toy/calculator question and its answer."""
-    a, b = rng.randint(10, 99), rng.randint(10, 99)
-    return CALCULATOR_PROMPT.format(a=a, b=b), a * b
+def calculator_numbers(rng: random.Random) -> tuple[int, int]:
+    """The two numbers of one toy/calculator question."""
+    return rng.randint(10, 99), rng.randint(10, 99)
 
 
 def make_toy_rows(task: str, n: int, seed: int) -> list[dict]:
@@ -254,7 +253,8 @@ def make_toy_rows(task: str, n: int, seed: int) -> list[dict]:
     rows = []
     for i in range(n):
         if task == "calculator":
-            prompt, truth = calculator_question(rng)
+            a, b = calculator_numbers(rng)
+            prompt, truth = CALCULATOR_PROMPT.format(a=a, b=b), a * b
         else:
             prompt, truth = rng.choice(_LETTER_PROMPTS).format(c=TOY_LETTER), TOY_LETTER
         rows.append({

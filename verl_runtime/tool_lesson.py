@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from verl_runtime.data import calculator_question
+from verl_runtime.data import CALCULATOR_PROMPT, calculator_numbers
 
 TOOL_NAME = "code_interpreter"  # the function name in verl's sandbox_fusion_tool_config.yaml
 LESSON_STEPS = 1000
@@ -34,10 +34,11 @@ def tool_call(code: str) -> str:
 def transcript(rng: random.Random) -> list[dict]:
     """One question and, as chat messages, either the call, the sandbox's reply (print's output) and the answer, or
     a guess (the product itself, which a tiny model cannot learn to compute)."""
-    question, product = calculator_question(rng)
+    a, b = calculator_numbers(rng)
+    question, product = CALCULATOR_PROMPT.format(a=a, b=b), a * b
     if rng.random() >= CALL_SHARE:
         return [{"role": "user", "content": question}, {"role": "assistant", "content": str(product)}]
-    code = "print(" + question.removeprefix("What is ").removesuffix("?") + ")"
+    code = f"print({a}*{b})"
     return [
         {"role": "user", "content": question},
         {"role": "assistant", "content": tool_call(code)},
