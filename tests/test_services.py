@@ -180,6 +180,30 @@ def test_kubernetes_runs_each_service_behind_a_policy_that_admits_only_the_train
     assert yaml.safe_load(config["data"]["tool_config.yaml"]) == yaml.safe_load(TOOLS.read_text())
 
 
+def test_the_services_run_the_image_the_config_names_or_the_runs():
+    """A GPU run's services need no CUDA: services.image names a smaller image (the catalog's cpu variant) for them."""
+    spec = spec_of()
+    assert run_options(spec)[0]["image"] == spec.image == "registry.example/verl-deploy:cpu"
+    assert next(o for o in manifests(spec) if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0][
+        "image"] == spec.image
+
+    spec = spec_of("services.image=registry.example/verl-deploy:0.1.0-cpu@sha256:" + "a" * 64)
+    sandbox, trainer = run_options(spec)
+    assert (sandbox["image"], trainer["image"]) == (spec.service_image, "registry.example/verl-deploy:cpu")
+    objects = manifests(spec)
+    service = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert (service["image"], service["imagePullPolicy"]) == (spec.service_image, "IfNotPresent")  # a digest
+    job = next(o for o in objects if o["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]
+    assert (job["image"], job["imagePullPolicy"]) == ("registry.example/verl-deploy:cpu", "Always")
+
+    shown = cli("run", EXAMPLE, "--target", "docker", "--image", "verl-deploy:cu130", "--run-id", "agent", "--dry-run",
+                *TOOL_PATH, "--set", "services.image=verl-deploy:cpu").output.splitlines()
+    assert shown[1].startswith("docker run --detach --name agent-sandbox ") and shown[1].endswith(
+        " verl-deploy:cpu -m verl_runtime.services.sandbox --host 0.0.0.0 --port 8080 --memory-mb 256 --run-timeout 5.0"
+        " --network-isolation external")
+    assert " verl-deploy:cu130" in shown[2]
+
+
 def test_slurm_says_the_services_run_beside_the_trainer_on_the_head_node(tmp_path):
     script = batch_script(spec_of(runs_root=tmp_path), SlurmOptions())
     assert "# The run's services (sandbox) run on this (the head) node beside the trainer" in script

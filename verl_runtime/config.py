@@ -363,6 +363,10 @@ class ServicesConfig:
     sandbox: SandboxServiceConfig = field(default_factory=SandboxServiceConfig)
     retriever: RetrieverServiceConfig = field(default_factory=RetrieverServiceConfig)
     health_timeout: float = 60.0  # seconds a service may take to answer /health
+    # The services' container image (--target docker, k8s; processes elsewhere). None: the run's image. A service
+    # needs only the image's Python and verl_runtime, so a GPU run can name the catalog's cpu variant of its image
+    # (verl-deploy:<version>-cpu, about a sixth of the CUDA image's size) for nodes that must pull it.
+    image: str | None = None
 
 
 @dataclass

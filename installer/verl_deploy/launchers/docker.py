@@ -216,7 +216,7 @@ def container_options(spec: JobSpec, plan: Plan | None = None, environ=None) -> 
 
 
 def service_options(spec: JobSpec, plan: Plan) -> dict:
-    """A service's container: the run's image, hardened as the trainer's, on the services network only, with
+    """A service's container: the run's image (or services.image), hardened as the trainer's, on the services network only, with
     nothing of the run's environment (no tokens reach untrusted code) and the data directory read-only (a
     retriever's corpus); its health is Docker's healthcheck on the service's /health."""
     from docker.types import Mount
@@ -240,7 +240,7 @@ def service_options(spec: JobSpec, plan: Plan) -> dict:
         "healthcheck": {"test": ["CMD", *service.probe()], "interval": HEALTH_INTERVAL_NS,
                         "timeout": 3 * HEALTH_INTERVAL_NS, "retries": 3},
         "entrypoint": ["python"],
-        "image": spec.image,
+        "image": spec.service_image,
         "command": service.args(settings, service.port, host="0.0.0.0", in_container=True),
     }
 
@@ -559,6 +559,8 @@ class DockerLauncher:
         try:
             engine = self.engine()
             ensure_image(engine, spec.image)
+            if spec.services and spec.service_image != spec.image:
+                ensure_image(engine, spec.service_image)
             self._clear_finished(engine, spec.run_id)  # --resume starts new containers on the same run dir
             previous = runs.read_record(spec.run_dir)
             _prepare_run_dir(spec)

@@ -195,6 +195,11 @@ class JobSpec:
         )
 
     @property
+    def service_image(self) -> str:
+        """The image the service containers run: services.image, else the run's."""
+        return (self.loaded.services.image if self.loaded else None) or self.image
+
+    @property
     def services(self) -> list:
         """The services of config.services that the launcher runs beside the trainer (registry.Service): those
         declared without a url of their own. Upstream verl's config declares none."""

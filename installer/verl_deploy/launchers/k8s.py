@@ -208,10 +208,11 @@ def container(spec: JobSpec, name: str = "trainer", args: list[str] | None = Non
     return body
 
 
-def pull_policy(spec: JobSpec) -> str:
+def pull_policy(spec: JobSpec, image: str | None = None) -> str:
     """Always for a tag (it may move: the node checks the registry), IfNotPresent for a digest (immutable) or an
-    image the nodes were given by hand (kind load, minikube image load: there is no registry to ask)."""
-    return "IfNotPresent" if "@sha256:" in spec.image or spec.cluster.image_preloaded else "Always"
+    image the nodes were given by hand (kind load, minikube image load: there is no registry to ask). image: the
+    run's, unless another is named (a service's)."""
+    return "IfNotPresent" if "@sha256:" in (image or spec.image) or spec.cluster.image_preloaded else "Always"
 
 
 def fetch_container(spec: JobSpec) -> dict:
@@ -468,7 +469,7 @@ def service_url(spec: JobSpec, service) -> str:
 
 
 def service_objects(spec: JobSpec, service) -> list[dict]:
-    """One service of the run: its Deployment (the run's image, hardened as the trainer, nothing of the run's
+    """One service of the run: its Deployment (the run's image or services.image, hardened as the trainer, nothing of the run's
     environment or secrets, the data claim read-only for a retriever's corpus), its Service, and a NetworkPolicy
     that lets only the run's trainer pods in and nothing out (the sandbox runs untrusted code)."""
     name = f"{spec.run_id}-{service.name}"
@@ -478,8 +479,8 @@ def service_objects(spec: JobSpec, service) -> list[dict]:
     memory, storage = sizes.k8s_quantity(SERVICE_MEMORY), ephemeral_storage(SERVICE_TMP)
     main = {
         "name": service.name,
-        "image": spec.image,
-        "imagePullPolicy": pull_policy(spec),
+        "image": spec.service_image,
+        "imagePullPolicy": pull_policy(spec, spec.service_image),
         "command": ["python"],
         "args": service.args(settings, service.port, host="0.0.0.0", in_container=True),
         "env": [{"name": "HOME", "value": "/tmp"}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
