@@ -124,6 +124,6 @@ def test_the_resolved_config_reads_back_the_same(tmp_path):
     assert load_config(written) == config
 
 
-@pytest.mark.parametrize("name", ["quickstart.yaml", "gsm8k-ppo.yaml", "gsm8k-grpo.yaml"])
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
 def test_the_examples_are_valid(name):
     load_config(REPO / "examples" / name)

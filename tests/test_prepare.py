@@ -2,11 +2,13 @@
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, REPO
 
 from verl_runtime.data import load_rows
 from verl_runtime.errors import DataError
@@ -92,3 +94,41 @@ def test_bad_inputs_are_named(tmp_path):
         prepare_gsm8k(bad, tmp_path / "out")
     with pytest.raises(DataError, match="not found"):
         prepare_gsm8k(tmp_path / "absent.jsonl", tmp_path / "out")
+
+
+def test_tool_rows_equal_verls_multiturn_tool_rows(tmp_path):
+    """--tools: the rows of verl's examples/data_preprocess/gsm8k_multiturn_w_tool.py, and the agent_name that picks
+    verl's tool agent loop for them."""
+    rows = load_rows(prepare_gsm8k(SAMPLE, tmp_path / "out", tools=True)["train"])
+    raw = raw_rows()[0]
+    question = raw["question"] + " Let's think step by step and output the final answer after `####`."
+    assert list(rows[0]) == ["data_source", "prompt", "ability", "reward_model", "extra_info", "agent_name"]
+    assert rows[0]["prompt"][0]["role"] == "system" and "`calc_gsm8k_reward` tool" in rows[0]["prompt"][0]["content"]
+    assert rows[0]["prompt"][1] == {"role": "user", "content": question}
+    assert rows[0]["extra_info"] == {
+        "split": "train", "index": 0, "answer": raw["answer"], "question": raw["question"],
+        "need_tools_kwargs": True, "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "27"}}},
+        "interaction_kwargs": {"query": question, "ground_truth": "27"},
+    }
+    assert rows[0]["agent_name"] == "tool_agent" and rows[0]["reward_model"]["ground_truth"] == "27"
+
+
+@pytest.mark.slow
+def test_the_gsm8k_tool_example_trains_a_cpu_step_on_prepared_rows(tmp_path):
+    """verl's GSM8K tool config (examples/tools/gsm8k_tool_config.yaml) and prepared tool rows, on the CPU."""
+    data = tmp_path / "gsm8k-tools"
+    done = subprocess.run([sys.executable, "-m", "verl_runtime", "prepare", "gsm8k", "--tools", "--input", str(SAMPLE),
+                           "--output", str(data)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == f"train: {data / 'train.parquet'}\n", done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "verl_runtime", "train", str(REPO / "examples" / "gsm8k-tools.yaml"),
+         "--set", f"data.train_files={data / 'train.parquet'}", "--set", "data.val_files=[]",
+         "--set", "model.path=builtin:tiny", "--set", "trainer.device=cpu", "--set", "rollout.name=hf",
+         "--set", "data.batch_size=2", "--set", "actor.ppo_mini_batch_size=2", "--set", "rollout.n=2",
+         "--set", "data.max_response_length=32",
+         "--set", "trainer.total_training_steps=1", "--set", f"trainer.run_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Training finished at step 1" in done.stdout
+    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["num_turns/min"] >= 2  # the prompt and at least one assistant turn, from the tool loop

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
             return fetch(args.config, args.overrides)
         if args.command == "export":
             return export(args.run_dir, args.out, args.step, args.dtype, args.max_shard_size, args.form)
-        return prepare(args.dataset, args.input, args.output)
+        return prepare(args.dataset, args.input, args.output, tools=args.tools)
     except UserError as exc:
         if args.debug:
             raise
@@ -124,10 +124,10 @@ def export(run_dir: str, out: str | None, step: int | None, dtype: str | None, m
     return 0
 
 
-def prepare(dataset: str, input_path: str, output_dir: str) -> int:
+def prepare(dataset: str, input_path: str, output_dir: str, tools: bool = False) -> int:
     from verl_runtime.prepare import prepare_gsm8k
 
-    for split, path in prepare_gsm8k(input_path, output_dir).items():
+    for split, path in prepare_gsm8k(input_path, output_dir, tools=tools).items():
         print(f"{split}: {path}")
     return 0
 
@@ -168,6 +168,9 @@ def _parser() -> argparse.ArgumentParser:
     prepare_cmd.add_argument("dataset", choices=["gsm8k"])
     prepare_cmd.add_argument("--input", required=True, help="GSM8K rows {question, answer}: .jsonl/.parquet or a directory")
     prepare_cmd.add_argument("--output", required=True, help="directory for train.parquet / test.parquet")
+    prepare_cmd.add_argument("--tools", action="store_true",
+                             help="verl's multi-turn tool rows (gsm8k_multiturn_w_tool.py): the episodes call the "
+                                  "GSM8K answer tool (examples/tools/gsm8k_tool_config.yaml)")
     prepare_cmd.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
 

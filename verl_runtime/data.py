@@ -1,4 +1,4 @@
-"""Prompt data in verl's row layout: reading, tokenizing, batching, and the quickstart's toy task.
+"""Prompt data in verl's row layout: reading, tokenizing, batching, and the toy tasks.
 
 A row is a dict with ``data_source`` (which scorer applies), ``prompt`` (a list of chat messages),
 ``ability``, ``reward_model: {style, ground_truth}`` and ``extra_info``; a parquet file made by verl's
