@@ -33,6 +33,17 @@ def test_init_writes_the_files_the_repository_ships(tmp_path):
     assert result.output.startswith(f"wrote {len(list(p for p in mine.rglob('*') if p.is_file()))} files to {mine}")
 
 
+def test_init_gives_a_wheel_user_the_agentic_quickstart_with_its_tool_config(tmp_path, monkeypatch):
+    from verl_runtime.agent.tools import load_tools
+    from verl_runtime.config import load_config
+
+    assert cli("init", tmp_path).exit_code == 0
+    monkeypatch.chdir(tmp_path)  # where the user runs `verl-deploy run examples/tool-calculator.yaml` from
+    config = load_config("examples/tool-calculator.yaml")
+    tools = load_tools(config.rollout.multi_turn.tool_config_path, {"sandbox": "http://127.0.0.1:9"})
+    assert tools["code_interpreter"].url == "http://127.0.0.1:9/run_code"
+
+
 def test_init_kustomize_tree_and_compose_files_work_where_they_land(tmp_path):
     require(shutil.which("kubectl") is not None, "kubectl not installed (.ci/services.sh installs it)")
     assert cli("init", tmp_path).exit_code == 0

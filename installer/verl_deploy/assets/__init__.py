@@ -27,6 +27,8 @@ STARTER = (
     "examples/quickstart.yaml",
     "examples/gsm8k-grpo.yaml",
     "examples/gsm8k-ppo.yaml",
+    "examples/tool-calculator.yaml",  # the agentic quickstart, with the tool config it names
+    "examples/tools/sandbox_fusion_tool_config.yaml",
     "compose.yaml",
     "compose.cpu.yaml",
     ".env.example",
