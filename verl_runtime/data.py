@@ -234,8 +234,8 @@ _LETTER_PROMPTS = (
 )
 # "toy/calculator": "What is 37*48?", two two-digit numbers; the reward is 1 when the response's last number is the
 # product. A tiny model cannot multiply, so it solves the task only by calling a tool: the agentic quickstart
-# (examples/tool-calculator.yaml), whose model builtin:tiny-tools was taught the call's form (verl_runtime/
-# tool_lesson.py) and learns by RL to copy the right numbers into it and the tool's answer out of it.
+# (examples/tool-calculator.yaml), whose model builtin:tiny-tools was taught to call a code tool or guess
+# (verl_runtime/tool_lesson.py) and learns by RL to call.
 CALCULATOR_PROMPT = "What is {a}*{b}?"
 TOY_TASKS = ("letter", "calculator")
 

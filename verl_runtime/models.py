@@ -24,7 +24,7 @@ from verl_runtime.hub import is_hub_id, snapshot
 from verl_runtime.lean_model import lean_path_applies, shared_prefix_hidden, shared_prefix_logits
 
 BUILTIN_TINY = "builtin:tiny"
-BUILTIN_TINY_TOOLS = "builtin:tiny-tools"  # builtin:tiny taught the form of a tool call (verl_runtime.tool_lesson)
+BUILTIN_TINY_TOOLS = "builtin:tiny-tools"  # builtin:tiny taught to call a code tool or guess (verl_runtime.tool_lesson)
 # The built-in models and their cache folders. Bump a suffix whenever that model or its tokenizer changes, so stale
 # caches are not reused. Both have builtin:tiny's architecture and tokenizer.
 BUILTIN_CACHES = {BUILTIN_TINY: "builtin-tiny-v2", BUILTIN_TINY_TOOLS: "builtin-tiny-tools-v1"}
@@ -98,7 +98,7 @@ def _cached_builtin(name: str) -> Path:
     try:
         build_tiny_model(tmp)
         if name == BUILTIN_TINY_TOOLS:
-            print(f"{name}: teaching {BUILTIN_TINY} the tool call's form, once (cached in {final})", flush=True)
+            print(f"{name}: teaching {BUILTIN_TINY} to call the code tool, once (cached in {final})", flush=True)
             tool_lesson.teach(tmp)
         os.rename(tmp, final)
     except OSError:

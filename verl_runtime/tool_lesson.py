@@ -1,12 +1,15 @@
-"""builtin:tiny-tools: builtin:tiny taught, by supervised fine-tuning on generated transcripts, the form of a tool
-call, so that the agentic quickstart (examples/tool-calculator.yaml) has a policy that calls a tool for RL to improve.
+"""builtin:tiny-tools: builtin:tiny taught, by supervised fine-tuning on generated transcripts, to answer a
+toy/calculator question (verl_runtime.data) either by calling a code tool or by guessing, half and half, so that the
+agentic quickstart (examples/tool-calculator.yaml) starts from a policy that RL can teach to call.
 
-A transcript answers a toy/calculator question (verl_runtime.data) the way the tool loop plays it: the assistant
-calls verl's code tool (code_interpreter, SandboxFusionTool's schema name) with ``print(A*B)``, the tool's turn
-holds what the sandbox prints, and the assistant repeats it. The loss is on the assistant's turns only, as the RL
-step's response mask has it. The lesson is short on purpose: the call's form is learned within a few hundred steps,
-copying the question's numbers into it only begins (a minority of sampled calls are right), which leaves RL a
-reward to raise.
+A calling transcript is played as the tool loop plays it: the assistant calls verl's code tool (code_interpreter,
+SandboxFusionTool's schema name) with ``print(A*B)``, the tool's turn holds what the sandbox prints, and the
+assistant repeats it. A guessing one answers the product outright, which a two-layer model cannot learn to compute,
+so guesses score nothing. The loss is on the assistant's turns only, as the RL step's response mask has it.
+
+Why a mix and not calls alone: taught only to call, the model's first choice is certain and its remaining errors
+are in copying the numbers, where its sampling has next to no entropy left for RL to explore (measured: the reward
+stayed flat). Whether to call is a choice the lesson leaves at even odds, and RL moves it.
 """
 
 from __future__ import annotations
