@@ -12,6 +12,7 @@ from conftest import FIXTURES, REPO
 
 from verl_runtime.data import load_rows
 from verl_runtime.errors import DataError
+from verl_runtime.metrics import read_metrics
 from verl_runtime.prepare import prepare_gsm8k
 from verl_runtime.rewards import default_compute_score
 
@@ -130,5 +131,5 @@ def test_the_gsm8k_tool_example_trains_a_cpu_step_on_prepared_rows(tmp_path):
         capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Training finished at step 1" in done.stdout
-    metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    metrics = read_metrics(tmp_path / "run")[-1]
     assert metrics["num_turns/min"] >= 2  # the prompt and at least one assistant turn, from the tool loop

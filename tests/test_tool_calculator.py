@@ -4,7 +4,6 @@ reward rise, and nothing of the run is left running after."""
 
 from __future__ import annotations
 
-import json
 import random
 import re
 
@@ -19,6 +18,7 @@ from verl_runtime import tool_lesson
 from verl_runtime.agent import hermes
 from verl_runtime.agent.loop import _after_end_of_turn, _template
 from verl_runtime.data import make_toy_rows
+from verl_runtime.metrics import read_metrics
 from verl_runtime.models import BUILTIN_TINY, build_tiny_model, load_tokenizer
 from verl_runtime.rewards import default_compute_score
 
@@ -80,8 +80,7 @@ def test_teaching_changes_the_weights_and_saves_a_loadable_model(tmp_path):
 
 
 def _trained(run_dir) -> tuple[list[float], list[float]]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rows = [row for row in rows if "tool_calls/mean" in row]
+    rows = [row for row in read_metrics(run_dir) if "tool_calls/mean" in row]
     return [row["tool_calls/mean"] for row in rows], [row["critic/score/mean"] for row in rows]
 
 

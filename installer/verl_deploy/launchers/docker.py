@@ -216,9 +216,9 @@ def container_options(spec: JobSpec, plan: Plan | None = None, environ=None) -> 
 
 
 def service_options(spec: JobSpec, plan: Plan) -> dict:
-    """A service's container: the run's image (or services.image), hardened as the trainer's, on the services network only, with
-    nothing of the run's environment (no tokens reach untrusted code) and the data directory read-only (a
-    retriever's corpus); its health is Docker's healthcheck on the service's /health."""
+    """A service's container: the run's image (or services.image), hardened as the trainer's, on the services
+    network only, with nothing of the run's environment (no tokens reach untrusted code) and the data directory
+    read-only (a retriever's corpus); its health is Docker's healthcheck on the service's /health."""
     from docker.types import Mount
 
     service = SERVICES[plan.service]

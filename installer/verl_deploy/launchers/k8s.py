@@ -469,9 +469,9 @@ def service_url(spec: JobSpec, service) -> str:
 
 
 def service_objects(spec: JobSpec, service) -> list[dict]:
-    """One service of the run: its Deployment (the run's image or services.image, hardened as the trainer, nothing of the run's
-    environment or secrets, the data claim read-only for a retriever's corpus), its Service, and a NetworkPolicy
-    that lets only the run's trainer pods in and nothing out (the sandbox runs untrusted code)."""
+    """One service of the run: its Deployment (the run's image or services.image, hardened as the trainer, nothing
+    of the run's environment or secrets, the data claim read-only for a retriever's corpus), its Service, and a
+    NetworkPolicy that lets only the run's trainer pods in and nothing out (the sandbox runs untrusted code)."""
     name = f"{spec.run_id}-{service.name}"
     selects = {SERVICE_OF_LABEL: spec.run_id, SERVICE_LABEL: service.name}
     labels = {MANAGED_LABEL: "true", **selects}
