@@ -230,6 +230,11 @@ class RolloutConfig:
     # verl's name: the engine's own log-probs of its samples go to the trainer, where algorithm.rollout_correction
     # uses them (off, as in verl: the correction then does nothing). rollout/logprob_diff is logged either way.
     calculate_log_probs: bool = False
+    # trainer.mode=separate_async: the rollout's own workers (verl's rollout.nnodes x rollout.n_gpus_per_node, as
+    # its one-step-off recipe and v1 trainer size them), each a process with a copy of the policy and an engine, on
+    # devices of their own. null: one worker on one node.
+    n_gpus_per_node: int | None = None
+    nnodes: int | None = None
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
@@ -297,6 +302,24 @@ class AlgorithmConfig:
 
 
 @dataclass
+class SeparateAsyncConfig:
+    # verl's trainer.v1.separate_async: batches generated ahead of training (1: one step off, as verl's recipe)
+    num_warmup_batches: int = 1
+    # optimizer updates between two weight pushes to the rollout workers; verl requires data.batch_size ==
+    # parameter_sync_step x actor.ppo_mini_batch_size (one push per step). null: the step's mini-batches.
+    parameter_sync_step: int | None = None
+
+
+@dataclass
+class SamplerConfig:
+    # verl's trainer.v1.sampler: the most weight versions a trained sample may lag behind the policy it trains
+    # (0: on-policy, nothing generated ahead; null: no bound), and what happens to a staler batch: drop (generated
+    # again with the newest weights) or wait (generation waits for newer weights, so none is ever staler)
+    max_off_policy_threshold: int | None = 8
+    max_off_policy_strategy: str = "drop"
+
+
+@dataclass
 class TrainerConfig:
     experiment_name: str = "default"
     run_dir: str | None = None  # None: runs/<experiment_name>
@@ -329,6 +352,12 @@ class TrainerConfig:
     nnodes: int | None = None
     cpus_per_worker: int = 1
     placement: str = "colocated"  # colocated: all roles share the workers | split: the critic gets its own n_workers
+    # verl's trainer.v1.trainer_mode: sync (generate, then update, on the same workers) | separate_async (the rollout
+    # on workers of its own, rollout.n_gpus_per_node x rollout.nnodes, generating the next batch while this one
+    # trains; verl_runtime/async_rollout.py). colocate_async is verl's (--runtime verl).
+    mode: str = "sync"
+    separate_async: SeparateAsyncConfig = field(default_factory=SeparateAsyncConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
 
 
 @dataclass
@@ -522,6 +551,11 @@ RANGES = (
     _at_least("trainer.nnodes", 1),
     _at_least("trainer.cpus_per_worker", 1),
     _at_least("ray.num_cpus", 1, "null: all of this host's"),
+    _at_least("rollout.n_gpus_per_node", 1, "trainer.mode=separate_async: the rollout's workers per node"),
+    _at_least("rollout.nnodes", 0, "trainer.mode=separate_async: the rollout's nodes"),
+    _at_least("trainer.separate_async.num_warmup_batches", 0, "batches generated ahead of training"),
+    _at_least("trainer.separate_async.parameter_sync_step", 1, "null: the step's mini-batches"),
+    _at_least("trainer.sampler.max_off_policy_threshold", 0, "0: on-policy; null: no bound"),
 )
 
 
@@ -570,7 +604,7 @@ _TRANSLATED = (
     "trainer.logger", "custom_reward_function.path", "custom_reward_function.name",
     "reward.custom_reward_function.path", "reward.custom_reward_function.name", "reward_model.enable",
     "reward.reward_model.enable", "actor_rollout_ref.actor.optim.warmup_style", "critic.optim.warmup_style",
-    "reward_model.reward_manager",
+    "reward_model.reward_manager", "actor_rollout_ref.hybrid_engine",
     *_GLOBAL_MICRO,
 )
 
@@ -761,6 +795,7 @@ def validate(config: Config) -> None:
     _check_choice("reward.manager", config.reward.manager, REWARD_MANAGERS)
     _check_overlong_buffer(config.reward)
     _check_rollout_correction(config)
+    _check_trainer_mode(config)
     for section in ("actor", "critic"):
         optim = getattr(config, section)
         _check_choice(f"{section}.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
@@ -774,10 +809,38 @@ def validate(config: Config) -> None:
         raise ConfigError("data.train_files is empty: name a .parquet or .jsonl file in verl's layout (or toy:letter)")
 
     _check_batch_sizes(config)
-    if config.rollout.tensor_model_parallel_size > 1 and config.rollout.name == "vllm":  # vLLM's setting only
-        raise ConfigError(f"rollout.tensor_model_parallel_size={config.rollout.tensor_model_parallel_size} is "
-                          "refused: " + verl_keys.not_here("this runtime runs one rollout engine per worker, each on "
-                                                           "its share of the prompts (no tensor-parallel rollout)"))
+
+
+TRAINER_MODES = ("sync", "separate_async")
+OFF_POLICY_STRATEGIES = ("drop", "wait")
+
+
+def _check_trainer_mode(config: Config) -> None:
+    """trainer.mode and its settings: verl's own checks of its separate_async trainer
+    (verl/trainer/ppo/v1/trainer_separate_async.py, PPOTrainerSeparateAsync.__init__), in one line each."""
+    _check_choice("trainer.mode", config.trainer.mode, TRAINER_MODES)
+    _check_choice("trainer.sampler.max_off_policy_strategy", config.trainer.sampler.max_off_policy_strategy,
+                  OFF_POLICY_STRATEGIES)
+    if config.trainer.mode != "separate_async":
+        return
+    if config.rollout.nnodes == 0:
+        raise ConfigError("trainer.mode=separate_async needs rollout.nnodes > 0 (verl: actor_rollout_ref.rollout.nnodes"
+                          "; 0 is colocated): the rollout runs on workers of its own")
+    sync_step = config.trainer.separate_async.parameter_sync_step
+    mini = mini_batch_size(config)
+    if sync_step is not None and not config.actor.use_dynamic_bsz and config.data.batch_size != sync_step * mini:
+        raise ConfigError(f"trainer.separate_async.parameter_sync_step={sync_step} needs data.batch_size == "
+                          f"parameter_sync_step x actor.ppo_mini_batch_size, as in verl ({config.data.batch_size} != "
+                          f"{sync_step} x {mini}): set parameter_sync_step={max(config.data.batch_size // mini, 1)} "
+                          "or leave it unset (one weight push per step)")
+    if config.model.uses_lora:
+        raise ConfigError("trainer.mode=separate_async with LoRA (model.lora_rank > 0) is not here: the rollout "
+                          "workers take whole weights; " + verl_keys.not_here("LoRA with a separate rollout"))
+
+
+def rollout_world_size(config: Config) -> int:
+    """The rollout's own workers with trainer.mode=separate_async: rollout.n_gpus_per_node x rollout.nnodes."""
+    return (config.rollout.n_gpus_per_node or 1) * (config.rollout.nnodes or 1)
 
 
 def _check_batch_sizes(config: Config) -> None:
@@ -884,6 +947,7 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
     reward_model_enabled = None
     warmup_styles: dict[str, tuple[Any, str]] = {}  # our lr_scheduler_type key -> verl's warmup_style (value, origin)
     legacy_manager = None  # (value, origin) of verl's older reward_model.reward_manager
+    one_step_off = None  # (value, origin): actor_rollout_ref.hybrid_engine=false
     _refuse_out_of_scope(values, ours)
     _refuse_unknown(values, ours)
     for key, (value, origin) in values.items():
@@ -926,6 +990,9 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
         elif key == "reward_model.reward_manager":
             if value is not None:  # null: verl's default; given, it wins over reward.reward_manager.name (as in verl)
                 legacy_manager = (value, origin)
+        elif key == "actor_rollout_ref.hybrid_engine":
+            if _coerce(key, value, bool) is False:  # verl's one-step-off recipe: the rollout on its own workers
+                one_step_off = ("separate_async", origin)
         elif key in _GLOBAL_MICRO:
             if value is not None:
                 out[rule.target] = (_per_gpu_size(key, value, values), origin)
@@ -943,6 +1010,8 @@ def _from_verl(values: dict[str, tuple[Any, str]], warn: bool) -> dict[str, tupl
             raise ConfigError(f"{stated(f'reward_model.reward_manager={legacy_manager[0]!r}', legacy_manager[1])} is "
                               f"refused: {refusal}")
         out["reward.manager"] = legacy_manager
+    if one_step_off and out.get("trainer.mode", ("sync",))[0] == "sync":
+        out["trainer.mode"] = one_step_off
     return out
 
 

@@ -19,6 +19,8 @@ _CONSOLE_FIELDS = (
     ("kl", ("actor/kl_loss", "actor/ppo_kl"), "{:.4f}"),
     ("len", ("response_length/mean",), "{:.1f}"),
     ("tool calls", ("tool_calls/mean",), "{:.2f}"),  # per episode, in a multi-turn run (verl_runtime/agent/loop.py)
+    # versions the step's samples lag behind the policy they train, with trainer.mode=separate_async
+    ("stale", ("training/off_policy/trajectory_staleness/mean",), "{:.1f}"),
 )
 
 

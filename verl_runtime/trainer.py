@@ -57,7 +57,15 @@ class SingleControllerTrainer:
         ray = uses_ray(config)  # then the workers are Ray actors and batches leave this process on the CPU
         self.device = torch.device("cpu") if ray else pick_device(config.trainer.device)
         seed_everything(config.trainer.seed)
-        self.tokenizer = load_tokenizer(config.model.path)
+        self.tokenizer = load_tokenizer(config.model.path)  # builds builtin:tiny first, which the workers load
+        self.rollout_workers = self.pipeline = None
+        if config.trainer.mode == "separate_async":
+            from verl_runtime.async_rollout import start_rollout_workers
+
+            if ray:
+                raise UserError("trainer.mode=separate_async with several trainer workers (Ray) is not here yet: "
+                                "train on one worker (trainer.n_workers=1) beside the rollout's, or synchronously")
+            self.rollout_workers = start_rollout_workers(config, self.device)
         # With Ray, a rule-based reward stays here: scoring costs less than a round trip to the workers.
         local = [role for role in roles if not ray or (role == "reward" and not config.reward.model_path)]
         workers = build_roles(config, local, self.tokenizer, self.device)
@@ -69,7 +77,10 @@ class SingleControllerTrainer:
         self.critic, self.ref = groups.get("critic"), groups.get("ref")
         # With LoRA the reference is the actor with its adapters disabled (verl's ref_in_actor): no second model.
         self.ref_policy = self.actor if needs_reference(config) and self.ref is None else self.ref
-        self.tool_loop = tool_loop(config, self.actor.generate, self.tokenizer, services)  # None: one response per sample
+        # Who generates: the actor's own engine, or with trainer.mode=separate_async the rollout's own workers
+        # (async_rollout.py), started before the roles above are built so that both load side by side.
+        self.generator = self.rollout_workers or self.actor
+        self.tool_loop = tool_loop(config, self.generator.generate, self.tokenizer, services)  # None: one response per sample
         self.kl_ctrl = get_kl_controller(config.algorithm.kl_ctrl)
         self.global_step = 0
         # The run's length, which a cosine or ratio warm-up schedule needs: fit() knows it; step() callers set it.
@@ -128,39 +139,61 @@ class SingleControllerTrainer:
         trackers = open_trackers(cfg.trainer.trackers, run_dir, cfg.trainer.project_name, cfg.trainer.experiment_name,
                                  cfg.to_dict())
         writer = MetricsWriter(run_dir, tensorboard=cfg.trainer.tensorboard, truncate_after=start, trackers=trackers)
+
+        def prompts_at(step: int) -> list[Prompt]:
+            epoch, position = divmod(step - 1, steps_per_epoch)
+            rows = batch_indices(len(train), cfg.data.batch_size, cfg.trainer.seed, epoch, cfg.data.shuffle)
+            return [train[i] for i in rows[position]]
+
+        def generate(step: int) -> tuple[dict, dict[str, float]]:
+            return self._rollout(prompts_at(step), sampling)
+
         try:
+            self.pipeline = self._start_pipeline(start)
             with stop_requests() as stop, oom.translated(cfg):
                 if val and cfg.trainer.val_before_train and start == 0:
-                    writer.log(0, *self._validate_and_show(val, 0))
+                    writer.log(0, *self._generating(self._validate_and_show, val, 0))
                 clock = StepClock()  # this process's steps: the ETA's
                 length_warned = False  # the plan's safe response length passed: said once
                 for step in range(start + 1, total + 1):
                     timing: dict[str, float] = {}
                     generations: list[tuple] = []  # validation samples for the trackers (trainer.log_val_generations)
                     started, compute_before = time.perf_counter(), self.compute_s()
-                    epoch, position = divmod(step - 1, steps_per_epoch)
-                    rows = batch_indices(len(train), cfg.data.batch_size, cfg.trainer.seed, epoch, cfg.data.shuffle)
-                    prompts = [train[i] for i in rows[position]]
+                    epoch = (step - 1) // steps_per_epoch
+                    prompts = prompts_at(step)
+                    off_policy: dict[str, float] = {}
 
                     with stopped_at(step, run_dir):
                         with timer("gen", timing):
-                            batch, loop_metrics = self._rollout(prompts, sampling)
+                            if self.pipeline is None:
+                                batch, loop_metrics = generate(step)
+                            else:  # generated while the step before trained (async_rollout.py); the next ones
+                                self.pipeline.fill(step, total, generate)  # start now, to run while this one trains
+                                batch, loop_metrics, off_policy = self.pipeline.take(step, generate)
+                                timing["wait_prev_gen"] = off_policy.pop("timing_s/wait_prev_gen")
                         batch.update(prompt_fields(prompts, cfg.rollout.n))
                         with timer("reward", timing):
                             scores = self.reward.score(batch)
                         if cfg.algorithm.adv_estimator == "remax":
                             with timer("gen_max", timing):
-                                batch["reward_baselines"] = self.greedy_baselines(prompts)
+                                batch["reward_baselines"] = self._generating(self.greedy_baselines, prompts)
                         metrics = self._update(batch, scores, timing, mini)
                         metrics.update(loop_metrics)
+                        metrics.update(off_policy)
+                        if self.pipeline is not None:  # queued behind the generations handed over: cuts none short
+                            with timer("sync_rollout_weights", timing):
+                                self.pipeline.push(self.actor.policy_state()[0], step)
                     if val and cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or step == total):
                         with timer("testing", timing):
-                            val_metrics, generations = self._validate_and_show(val, step)
+                            val_metrics, generations = self._generating(self._validate_and_show, val, step)
                             metrics.update(val_metrics)
 
                     timing["step"] = time.perf_counter() - started
                     timing["controller"] = timing["step"] - (self.compute_s() - compute_before)  # outside the workers
                     metrics.update(step_metrics(step, epoch, batch, timing))
+                    if self.pipeline is not None:
+                        metrics.update(self.pipeline.idle_ratios(started, started + timing["step"],
+                                                                 timing["wait_prev_gen"]))
                     if not length_warned and (warning := oom.length_warning(metrics.get("response_length/mean"), step, cfg)):
                         print(warning, flush=True)
                         length_warned = True
@@ -176,15 +209,36 @@ class SingleControllerTrainer:
                           "finishing the run", flush=True)
         finally:
             writer.close()
+            if self.pipeline is not None:
+                self.pipeline.close()  # the rollout's workers stop with the loop (a resumed fit() starts them again)
+                self.pipeline = self.rollout_workers = None
         if cfg.trainer.save_hf:
             self.save_hf(run_dir, total)
         print(f"[INFO] Training finished at step {total}; run directory {run_dir}", flush=True)
+
+    def _start_pipeline(self, version: int):
+        """With trainer.mode=separate_async, the rollout thread over the rollout's workers, given the trainer's
+        weights (`version` updates into the run) and random stream; else None."""
+        if self.rollout_workers is None:
+            return None
+        from verl_runtime.async_rollout import AsyncRollout
+
+        sampler = self.config.trainer.sampler
+        pipeline = AsyncRollout(self.rollout_workers, self.config.trainer.separate_async.num_warmup_batches,
+                                sampler.max_off_policy_threshold, sampler.max_off_policy_strategy, version)
+        pipeline.start(self.actor.policy_state()[0], torch.get_rng_state())
+        return pipeline
+
+    def _generating(self, fn, *args):
+        """fn(*args), which generates: on the rollout thread with separate_async (behind the generations handed
+        over, with the newest weights), else here."""
+        return fn(*args) if self.pipeline is None else self.pipeline.run(fn, *args)
 
     def _rollout(self, prompts: list[Prompt], sampling: SamplingParams) -> tuple[dict, dict[str, float]]:
         """The step's samples (each prompt rollout.n times), and the tool loop's metrics (none without it)."""
         ids = [p.input_ids for p in prompts]
         if self.tool_loop is None:
-            return self.actor.generate(ids, sampling), {}
+            return self.generator.generate(ids, sampling), {}
         return self.tool_loop.rollout(ids, [p.extra_info.get("tools_kwargs") or {} for p in prompts], sampling)
 
     def _update(self, batch: dict, scores: torch.Tensor, timing: dict, mini_batch_size: int) -> dict[str, float]:
@@ -367,11 +421,12 @@ class SingleControllerTrainer:
         return sum(group.compute_s for group in self.groups())
 
     def groups(self) -> list:
+        """The training roles' worker groups (the rollout's own workers run beside them, not inside a step's time)."""
         return [group for group in (self.actor, self.critic, self.ref, self.reward) if group is not None]
 
     def close(self) -> None:
-        """Stop the Ray workers (in-process workers need nothing)."""
-        for group in self.groups():
+        """Stop the Ray workers and the rollout's own (in-process workers need nothing)."""
+        for group in [*self.groups(), self.rollout_workers]:
             if hasattr(group, "close"):
                 group.close()
 

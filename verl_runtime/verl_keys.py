@@ -92,6 +92,9 @@ VALUE_REFUSALS["reward.manager"] = {name: not_here(f"{what} reward manager is no
                                     for name, what in _OTHER_MANAGERS.items()}
 # verl's recipe repository's own (recipe/collabllm), in no verl release: a fork's, for verl-deploy
 VALUE_REFUSALS["reward.manager"]["collabllm"] = f"CollabLLM's reward manager is verl-recipe's: run it with {RUN_FORK}"
+VALUE_REFUSALS["trainer.mode"] = {"colocate_async": not_here(
+    "colocate_async (the next batch generated on the trainer's own GPUs during the update) is not here; "
+    "trainer.mode=separate_async overlaps them on GPUs of the rollout's own")}
 VALUE_SPELLINGS = {"critic.strategy": {"fsdp2": "fsdp"}}
 
 
@@ -114,6 +117,8 @@ VERL_DEFAULTS = {
     "rollout.calculate_log_probs": ("actor_rollout_ref.rollout.calculate_log_probs", True),
     "actor.use_kl_loss": ("actor_rollout_ref.actor.use_kl_loss", False),
     "trainer.num_epochs": ("trainer.total_epochs", 30),
+    "rollout.nnodes": ("actor_rollout_ref.rollout.nnodes", 0),
+    "trainer.separate_async.parameter_sync_step": ("trainer.v1.separate_async.parameter_sync_step", 4),
 }
 # verl keys a line of ours may borrow without speaking verl: they say where metrics go, not what is trained, so they
 # bring none of verl's defaults (nor does a key verl has and this runtime ignores). config._gives_verls_keys reads it.
@@ -122,6 +127,7 @@ BOOKKEEPING_KEYS = ("trainer.logger",)
 VERL_DEFAULTS_LEFT_OUT = {
     "rollout.tensor_model_parallel_size": "verl's 2: this runtime runs one rollout engine per worker (TP is refused)",
     "trainer.n_gpus_per_node": "the launcher's --gpus decide the workers",
+    "rollout.n_gpus_per_node": "verl's is trainer.n_gpus_per_node's, which the launcher's --gpus decide here",
     "trainer.nnodes": "the launcher's --nodes decide",
     "trainer.device": "auto is cuda where there is a GPU",
     "trainer.logger": "verl's console and wandb: a tracker is never turned on unasked",
@@ -305,6 +311,18 @@ RULES: tuple[Rule, ...] = (
     _maps("trainer.n_gpus_per_node", "trainer.n_gpus_per_node", "x trainer.nnodes = trainer.n_workers, the world size"),
     _maps("trainer.nnodes", "trainer.nnodes", "x trainer.n_gpus_per_node = trainer.n_workers, the world size"),
     _maps("ray_kwargs.ray_init.num_cpus", "ray.num_cpus"),
+    # verl's v1 trainer modes and its one-step-off recipe (verl_runtime/async_rollout.py)
+    _maps("trainer.v1.trainer_mode", "trainer.mode", "sync, or separate_async: the rollout on workers of its own "
+          "(rollout.nnodes x rollout.n_gpus_per_node), the next batch generated while this one trains"),
+    *(_maps(f"trainer.v1.separate_async.{name}", f"trainer.separate_async.{name}")
+      for name in ("num_warmup_batches", "parameter_sync_step")),
+    *(_maps(f"trainer.v1.sampler.{name}", f"trainer.sampler.{name}")
+      for name in ("max_off_policy_threshold", "max_off_policy_strategy")),
+    *(_maps(f"{_AR}.rollout.{name}", f"rollout.{name}", "the rollout's own workers with trainer.mode=separate_async "
+            "(as the one-step-off recipe's rollout.{name}); unused when the rollout shares the trainer's")
+      for name in ("nnodes", "n_gpus_per_node")),
+    _maps(f"{_AR}.hybrid_engine", "trainer.mode", "false: the rollout on workers of its own, one batch ahead (verl's "
+          "one-step-off recipe): trainer.mode=separate_async; true: as trainer.mode says"),
     # --- would change the results if ignored: refused unless the value is what we do --------------------------------
     # --- out of this runtime's scope: refused, naming verl-deploy run --runtime verl --------------------------------
     _routed("model_engine", _ENGINES, "dp"),
@@ -322,7 +340,8 @@ RULES: tuple[Rule, ...] = (
     # --- would change the results if ignored: refused unless the value is what we do --------------------------------
     _refused("trainer.critic_warmup", "the actor is updated from the first step here", 0),
     _refused("trainer.val_only", "a validation-only run is not here", False),
-    _refused("trainer.v1.trainer_mode", "training is synchronous here (rollout, then update)", "sync"),
+    _refused("trainer.v1.separate_async.hybrid_rollout.enable_switch", "the trainer's GPUs are not lent to "
+             "generation between steps here: the rollout runs on its own workers", False),
     _refused("algorithm.use_pf_ppo", "PF-PPO (reweighting samples) is not here", False),
     _refused("algorithm.filter_groups.enable", "dynamic sampling (DAPO's group filtering) is not here", False),
     _refused(f"{_AR}.actor.loss_scale_factor", "the loss is aggregated by actor.loss_agg_mode alone here", None),
@@ -420,8 +439,6 @@ RULES: tuple[Rule, ...] = (
     _ignored(f"{_AR}.rollout.disaggregation.*", "rollouts are generated in one engine here (disaggregation.enabled is refused)"),
     _ignored(f"{_AR}.rollout.prompt_length", "verl copies data.max_prompt_length here: set that"),
     _ignored(f"{_AR}.rollout.response_length", "verl copies data.max_response_length here: set that"),
-    _ignored(f"{_AR}.rollout.n_gpus_per_node", "the rollout shares the trainer's GPUs here (trainer.n_gpus_per_node)"),
-    _ignored(f"{_AR}.rollout.nnodes", "the rollout shares the trainer's nodes here (trainer.nnodes)"),
     _ignored(f"{_AR}.rollout.mode", "rollouts are generated in the trainer's step here, by rollout.name's engine"),
     _ignored(f"{_AR}.rollout.logprobs_mode", "the old log-probs are recomputed by the actor here"),
     _ignored(f"{_AR}.rollout.agent.*", "verl's agent-loop workers: the loop runs in the controller here (one "
@@ -436,7 +453,6 @@ RULES: tuple[Rule, ...] = (
     _ignored(f"{_AR}.rollout.enable_rollout_routing_replay", "MoE routing replay: not here (dense models)"),
     _ignored(f"{_AR}.rollout.moe_load_balance_metrics_interval", "MoE metrics: not here (dense models)"),
     _ignored(f"{_AR}.rollout.*", _ROLLOUT_ENGINE),
-    _ignored(f"{_AR}.hybrid_engine", "the actor and the rollout always share the workers (colocated) here"),
     _ignored(f"{_AR}.nccl_timeout", "distributed timeouts are the launcher's here"),
     _ignored("data.use_shm", "data is read from its files directly"),
     _ignored("data.return_*", "what verl's dataset returns to its workers: plumbing"),
@@ -460,7 +476,8 @@ RULES: tuple[Rule, ...] = (
     _ignored("trainer.esi_redundant_time", "checkpoints are also written on SIGTERM here"),
     _ignored("trainer.ray_wait_register_center_timeout", "verl's Ray register center is not here"),
     _ignored("trainer.use_v1", "one trainer loop here"),
-    _ignored("trainer.v1.*", "training is synchronous here (trainer.v1.trainer_mode is refused)"),
+    _ignored("trainer.v1.*", "a setting of verl's v1 trainer that does not change the numbers here (its modes and "
+             "staleness bounds are trainer.mode, trainer.separate_async.*, trainer.sampler.*)"),
     _ignored("algorithm.filter_groups.*", "dynamic sampling is not here (filter_groups.enable is refused)"),
     _ignored("algorithm.pf_ppo.*", "PF-PPO is not here (use_pf_ppo is refused)"),
     _ignored("reward_model.*", "a setting of verl's reward-model workers; the reward model (reward.model_path) runs "

@@ -21,7 +21,7 @@ import torch
 
 from verl_runtime import oom
 from verl_runtime.config import Config
-from verl_runtime.controller.worker_group import BaseWorkerGroup
+from verl_runtime.controller.worker_group import BaseWorkerGroup, move
 from verl_runtime.errors import ConfigError, TrainingError, UserError
 from verl_runtime.seeding import seed_everything
 
@@ -149,17 +149,6 @@ class WorkerProcess:
         with oom.carried():  # what this worker was running, on an out-of-memory error, for the controller's line
             result = getattr(self.roles[role], method)(*move(args, self.device), **kwargs)
         return move(result, torch.device("cpu")), time.perf_counter() - started
-
-
-def move(value: Any, device: torch.device) -> Any:
-    """Tensors (also inside dicts, lists and tuples) on `device`."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {key: move(item, device) for key, item in value.items()}
-    if isinstance(value, (list, tuple)) and any(isinstance(item, (torch.Tensor, dict)) for item in value):
-        return type(value)(move(item, device) for item in value)
-    return value
 
 
 class Pool:

@@ -158,3 +158,14 @@ def chunks(batch: dict[str, Any], size: int) -> list[dict[str, Any]]:
     """Consecutive slices of `size` samples (the last may be smaller): mini- and micro-batches."""
     total = len(next(iter(batch.values())))
     return [{key: value[start : start + size] for key, value in batch.items()} for start in range(0, total, size)]
+
+
+def move(value: Any, device: torch.device) -> Any:
+    """Tensors (also inside dicts, lists and tuples) on `device`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {key: move(item, device) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) and any(isinstance(item, (torch.Tensor, dict)) for item in value):
+        return type(value)(move(item, device) for item in value)
+    return value

@@ -50,7 +50,9 @@ class ActorWorker:
         # parameter); unsharded, the engine samples from the trained model object itself.
         sharded = config.actor.strategy == "fsdp" and parallel.world_size() > 1
         self.rollout_model = copy.deepcopy(self.model) if sharded else None
-        self.rollout = self._make_rollout(config, tokenizer, device)
+        # trainer.mode=separate_async: the rollout's own workers generate (workers/rollout.py); this one only trains
+        separate = config.trainer.mode == "separate_async"
+        self.rollout = None if separate else make_engine(config, self._rollout_weights(), tokenizer, device)
         if sharded and getattr(self.rollout, "owns_weights", False) and not lora.is_lora(self.model):
             self.rollout_model = None  # the engine has its copy (a LoRA state is merged from the whole model)
         if sharded:
@@ -95,19 +97,6 @@ class ActorWorker:
         """Sequences this rank has generated so far."""
         return self.rollout_rows
 
-    def _make_rollout(self, config: Config, tokenizer, device: torch.device):
-        options = {}
-        if config.rollout.name == "builtin":
-            options = {"compile": config.rollout.compile, "dtype": resolve_dtype(config.model.dtype, device)}
-        if config.rollout.name == "vllm":
-            options = {
-                "gpu_memory_utilization": config.rollout.gpu_memory_utilization,
-                "tensor_parallel_size": config.rollout.tensor_model_parallel_size,
-                "enable_sleep_mode": config.rollout.enable_sleep_mode,
-                "dtype": resolve_dtype(config.model.dtype, device),  # vLLM's own copy computes in it, not in fp32
-            }
-        return make_rollout_engine(config.rollout.name, self._rollout_weights(), tokenizer, device, **options)
-
     @register(PROMPT_SPLIT)
     @offload.phase(offload.ROLLOUT)
     def generate(self, prompt_ids: list[list[int]], params: SamplingParams) -> dict[str, torch.Tensor]:
@@ -119,17 +108,23 @@ class ActorWorker:
         """
         if not prompt_ids:  # fewer prompts than ranks: nothing to sample here
             return {}
-        oom.note_rollout(len(prompt_ids) * params.n, max(map(len, prompt_ids), default=0) + params.max_new_tokens)
-        params = rank_seed(params, parallel.rank(), parallel.world_size())
-        with self.mixed_precision():
-            rollout = self.rollout.generate(prompt_ids, params)
+        batch = sample(self.rollout, prompt_ids, params, self.mixed_precision, parallel.rank(), parallel.world_size())
         self.rollout_rows += len(prompt_ids) * params.n
         if self.offload.params and hasattr(self.rollout, "release_caches"):
             self.rollout.release_caches()  # its KV cache and graphs leave the device with the weights
-        batch = {key: getattr(rollout, key) for key in ROLLOUT_KEYS}
-        if rollout.rollout_log_probs is not None:  # the sampler's own log-probs, for rollout/logprob_diff
-            batch["rollout_log_probs"] = rollout.rollout_log_probs
         return batch
+
+    @register(ALL)
+    @offload.phase(offload.STATE)
+    def policy_state(self) -> dict | None:
+        """The policy's weights, a copy in host memory (rank 0's; every rank takes part under FSDP): what the rollout's
+        own workers load after an update (trainer.mode=separate_async)."""
+        if parallel.is_sharded(self.model):
+            state = parallel.full_model_state(self.model)  # a collective: every rank takes part
+        else:
+            state = self.model.state_dict()
+        state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
+        return state if parallel.rank() == 0 else None
 
     @register(DP_SPLIT)
     @offload.phase(offload.FORWARD)
@@ -302,6 +297,33 @@ class ActorWorker:
                             "as the run had it, or train under another trainer.experiment_name")
         parallel.load_full_state(self.model, self.optimizer, state)
         self._sync_rollout()
+
+
+def make_engine(config: Config, model: nn.Module, tokenizer, device: torch.device):
+    """rollout.name's engine, sampling from model, with the options the config gives it."""
+    options = {}
+    if config.rollout.name == "builtin":
+        options = {"compile": config.rollout.compile, "dtype": resolve_dtype(config.model.dtype, device)}
+    if config.rollout.name == "vllm":
+        options = {
+            "gpu_memory_utilization": config.rollout.gpu_memory_utilization,
+            "tensor_parallel_size": config.rollout.tensor_model_parallel_size,
+            "enable_sleep_mode": config.rollout.enable_sleep_mode,
+            "dtype": resolve_dtype(config.model.dtype, device),  # vLLM's own copy computes in it, not in fp32
+        }
+    return make_rollout_engine(config.rollout.name, model, tokenizer, device, **options)
+
+
+def sample(engine, prompt_ids: list[list[int]], params: SamplingParams, precision, rank: int, world: int) -> dict:
+    """One worker's share of a rollout: the engine's samples as a batch (ROLLOUT_KEYS, and the sampler's own
+    log-probs where the engine gives them), drawn from the rank's seed (rank_seed)."""
+    oom.note_rollout(len(prompt_ids) * params.n, max(map(len, prompt_ids), default=0) + params.max_new_tokens)
+    with precision():
+        rollout = engine.generate(prompt_ids, rank_seed(params, rank, world))
+    batch = {key: getattr(rollout, key) for key in ROLLOUT_KEYS}
+    if rollout.rollout_log_probs is not None:  # the sampler's own log-probs, for rollout/logprob_diff
+        batch["rollout_log_probs"] = rollout.rollout_log_probs
+    return batch
 
 
 SEED_STRIDE = 1_000_003  # a prime above any batch's rows: rank seeds never meet (vLLM adds each row's index)
