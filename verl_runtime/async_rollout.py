@@ -96,6 +96,12 @@ class AsyncRollout:
 
     # --- accounting ------------------------------------------------------------------------------------------------
 
+    @property
+    def generating(self) -> bool:
+        """Whether the rollout thread is generating right now."""
+        with self._lock:
+            return self._running_since is not None
+
     def _generating(self, fn: Callable, *args) -> Any:
         started = time.perf_counter()
         with self._lock:

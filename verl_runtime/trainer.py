@@ -223,9 +223,13 @@ class SingleControllerTrainer:
             return None
         from verl_runtime.async_rollout import AsyncRollout
 
-        sampler = self.config.trainer.sampler
-        pipeline = AsyncRollout(self.rollout_workers, self.config.trainer.separate_async.num_warmup_batches,
-                                sampler.max_off_policy_threshold, sampler.max_off_policy_strategy, version)
+        sampler, ahead = self.config.trainer.sampler, self.config.trainer.separate_async.num_warmup_batches
+        threshold = sampler.max_off_policy_threshold
+        if sampler.max_off_policy_strategy == "drop" and threshold and ahead > threshold:
+            print(f"[WARN] trainer.separate_async.num_warmup_batches={ahead} generates batches {ahead} versions "
+                  f"behind, more than trainer.sampler.max_off_policy_threshold={threshold}: each is dropped and "
+                  "generated again (max_off_policy_strategy=wait generates fewer ahead instead)", flush=True)
+        pipeline = AsyncRollout(self.rollout_workers, ahead, threshold, sampler.max_off_policy_strategy, version)
         pipeline.start(self.actor.policy_state()[0], torch.get_rng_state())
         return pipeline
 

@@ -125,8 +125,10 @@ VERL_DEFAULTS = {
 BOOKKEEPING_KEYS = ("trainer.logger",)
 # Where verl's default differs from ours and ours stays, with why (the test above holds the list complete).
 VERL_DEFAULTS_LEFT_OUT = {
-    "rollout.tensor_model_parallel_size": "verl's 2: this runtime runs one rollout engine per worker (TP is refused)",
+    "rollout.tensor_model_parallel_size": "verl's 2: this runtime runs one rollout engine per worker (above 1 it runs "
+                                          "the rollout data-parallel where one GPU holds the model)",
     "trainer.n_gpus_per_node": "the launcher's --gpus decide the workers",
+    "trainer.mode": "the same sync: verl's actor_rollout_ref.hybrid_engine=true (its default) leaves it so",
     "rollout.n_gpus_per_node": "verl's is trainer.n_gpus_per_node's, which the launcher's --gpus decide here",
     "trainer.nnodes": "the launcher's --nodes decide",
     "trainer.device": "auto is cuda where there is a GPU",

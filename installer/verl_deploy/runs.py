@@ -392,7 +392,8 @@ def _reward_cell(metrics: dict) -> str:
 
 
 def summarize_metrics(metrics: dict) -> str:
-    """'step 4 · reward 0.625 · 812 tok/s' from one metrics line."""
+    """'step 4 · reward 0.625 · 812 tok/s' (and '· stale 1', the samples' lag behind the policy, where the rollout runs
+    ahead) from one metrics line."""
     if not metrics:
         return "no metrics yet"
     parts = []
@@ -405,6 +406,9 @@ def summarize_metrics(metrics: dict) -> str:
     throughput = metrics.get("perf/throughput")
     if throughput is not None:
         parts.append(f"{throughput:,.0f} tok/s")
+    staleness = metrics.get("training/off_policy/trajectory_staleness/max")  # trainer.mode=separate_async
+    if staleness is not None:
+        parts.append(f"stale {staleness:g}")
     return " · ".join(parts) or "metrics without step/reward"
 
 

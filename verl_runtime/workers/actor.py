@@ -307,11 +307,41 @@ def make_engine(config: Config, model: nn.Module, tokenizer, device: torch.devic
     if config.rollout.name == "vllm":
         options = {
             "gpu_memory_utilization": config.rollout.gpu_memory_utilization,
-            "tensor_parallel_size": config.rollout.tensor_model_parallel_size,
+            "tensor_parallel_size": rollout_tensor_parallel(config, model, device),
             "enable_sleep_mode": config.rollout.enable_sleep_mode,
             "dtype": resolve_dtype(config.model.dtype, device),  # vLLM's own copy computes in it, not in fp32
         }
     return make_rollout_engine(config.rollout.name, model, tokenizer, device, **options)
+
+
+# Of a GPU's rollout share (gpu_memory_utilization), what the weights may take: the rest is the KV cache's.
+WEIGHTS_SHARE = 0.8
+
+
+def rollout_tensor_parallel(config: Config, model: nn.Module, device: torch.device) -> int:
+    """The vLLM tensor-parallel size this worker's engine runs with: 1. verl's lines ask for more
+    (rollout.tensor_model_parallel_size); where one GPU's rollout share holds the whole model, this runtime runs the
+    rollout data-parallel instead, one engine per worker on its share of the prompts (the same samples' distribution,
+    no collective in the decode loop), and says so once; where it does not, the line is verl's to run."""
+    tp = config.rollout.tensor_model_parallel_size
+    if tp == 1:
+        return 1
+    weights = sum(p.numel() for p in model.parameters()) * torch.finfo(resolve_dtype(config.model.dtype, device)).bits // 8
+    if device.type == "cuda":
+        share = torch.cuda.get_device_properties(device).total_memory * config.rollout.gpu_memory_utilization
+        if weights > WEIGHTS_SHARE * share:
+            raise UserError(
+                f"rollout.tensor_model_parallel_size={tp}: the model's weights ({weights / 2**30:.1f} GiB) do not fit "
+                f"one GPU's rollout share (rollout.gpu_memory_utilization={config.rollout.gpu_memory_utilization} of "
+                f"{share / config.rollout.gpu_memory_utilization / 2**30:.0f} GiB) and this runtime has no "
+                f"tensor-parallel rollout; verl runs it: verl-deploy run --runtime verl -- <the same overrides>")
+        where = f"{weights / 2**30:.2f} GiB of its {share / 2**30:.0f} GiB rollout share"
+    else:
+        where = f"{weights / 2**20:.0f} MiB"
+    if parallel.rank() == 0:
+        print(f"[INFO] rollout.tensor_model_parallel_size={tp}: the rollout runs data-parallel instead, one vLLM engine "
+              f"per worker holding the whole model ({where}), each on its share of the prompts", flush=True)
+    return 1
 
 
 def sample(engine, prompt_ids: list[list[int]], params: SamplingParams, precision, rank: int, world: int) -> dict:

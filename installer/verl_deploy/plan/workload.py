@@ -138,6 +138,9 @@ def from_ours(config, world: int, nodes: int, device: str) -> Workload:
     notes = []
     if device == "cuda" and world > 1 and config.actor.strategy == "dp":
         notes.append("actor.strategy=dp: every GPU holds the whole model, its gradients and its optimizer")
+    if vllm and config.rollout.tensor_model_parallel_size > 1:
+        notes.append(f"rollout.tensor_model_parallel_size={config.rollout.tensor_model_parallel_size}: this runtime "
+                     "runs the rollout data-parallel, one vLLM engine per GPU holding the whole model (planned so)")
     lora = _our_lora(config.model, notes)
     return Workload(
         runtime=OURS, model_path=config.model.path, critic_path=config.critic.model_path if use_critic else None,
@@ -153,7 +156,7 @@ def from_ours(config, world: int, nodes: int, device: str) -> Workload:
         actor_sharded=config.actor.strategy == "fsdp" and world > 1,
         critic_sharded=config.critic.strategy == "fsdp" and world > 1,
         gradient_checkpointing=config.model.gradient_checkpointing, rollout=config.rollout.name,
-        gpu_memory_utilization=config.rollout.gpu_memory_utilization, rollout_tp=config.rollout.tensor_model_parallel_size,
+        gpu_memory_utilization=config.rollout.gpu_memory_utilization, rollout_tp=1,  # data-parallel (actor.py)
         vllm_sleeps=vllm and config.rollout.enable_sleep_mode and device == "cuda",
         placement_split=config.trainer.placement == "split" and use_critic, keys=dict(OUR_KEYS), notes=tuple(notes),
         **_our_memory_settings(config), **_our_offload(config), **lora,

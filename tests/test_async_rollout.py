@@ -1,0 +1,167 @@
+"""trainer.mode=separate_async (verl_runtime/async_rollout.py): the rollout on workers of its own, overlapped with
+training; verl's v1 and one-step-off keys onto it; what verl's users reported about async (a push that cut a
+generation short, an "on-policy" mode that ran one step off, staleness nobody could see) held by tests."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from conftest import REPO
+from launch_support import QUICKSTART, cli
+from verl_runtime.config import load_config
+from verl_runtime.errors import ConfigError
+from verl_runtime.main_ppo import main as main_ppo
+from verl_runtime.metrics import read_metrics
+from verl_runtime.trainer import SingleControllerTrainer
+
+ASYNC = ["trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+         "actor_rollout_ref.rollout.n_gpus_per_node=1"]
+STALENESS = "training/off_policy/trajectory_staleness"
+
+
+# --- verl's keys ---------------------------------------------------------------------------------------------------
+
+def test_verls_v1_keys_and_the_one_step_off_recipe_keys_select_separate_async():
+    config = load_config(QUICKSTART, [*ASYNC, "trainer.v1.sampler.max_off_policy_threshold=2",
+                                      "trainer.v1.sampler.max_off_policy_strategy=wait",
+                                      "trainer.v1.separate_async.num_warmup_batches=2"])
+    assert config.trainer.mode == "separate_async" and config.rollout.nnodes == 1
+    assert config.trainer.sampler.max_off_policy_threshold == 2 and config.trainer.sampler.max_off_policy_strategy == "wait"
+    assert config.trainer.separate_async.num_warmup_batches == 2
+    # verl's one-step-off recipe on main_ppo: hybrid_engine=False, the rollout's pool under rollout.*
+    recipe = load_config(None, ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=2",
+                                "data.train_files=toy:letter", "data.train_batch_size=8",
+                                "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                                "algorithm.rollout_correction.bypass_mode=True", "actor_rollout_ref.rollout.name=builtin"])
+    assert recipe.trainer.mode == "separate_async" and recipe.rollout.n_gpus_per_node == 2
+    assert recipe.trainer.separate_async.parameter_sync_step == 4  # verl's default, and 8 == 4 x 2 as verl requires
+
+
+def compose(argv):
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main_ppo(["--cfg", "job", *argv])
+    return code, err.getvalue().strip().splitlines()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["trainer.v1.trainer_mode=colocate_async"], "verl-deploy run --runtime verl"),
+    (["trainer.v1.trainer_mode=separate_async", "data.train_batch_size=8",
+      "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.nnodes=1"],
+     "parameter_sync_step=2"),
+    (["trainer.v1.trainer_mode=separate_async", "data.train_batch_size=8",
+      "actor_rollout_ref.actor.ppo_mini_batch_size=2"], "needs rollout.nnodes > 0"),
+    (["trainer.v1.separate_async.hybrid_rollout.enable_switch=True"], "not lent to generation"),
+    (["trainer.v1.sampler.max_off_policy_strategy=sometimes"], "choose one of drop, wait"),
+])
+def test_what_is_not_here_is_refused_in_one_line(argv, words):
+    code, lines = compose(argv)
+    assert code == 2 and len(lines) == 1 and words in lines[0], lines
+
+
+# --- the rollout workers: a push never cuts a generation short ------------------------------------------------------
+
+def test_a_push_made_during_a_generation_waits_for_it_and_every_sample_names_its_version():
+    from verl_runtime.async_rollout import AsyncRollout, start_rollout_workers
+    from verl_runtime.models import load_causal_lm, load_tokenizer
+    from verl_runtime.rollout import SamplingParams
+
+    config = load_config(QUICKSTART, ["trainer.mode=separate_async", "rollout.name=hf"])
+    tokenizer = load_tokenizer(config.model.path)
+    weights_a = load_causal_lm(config.model.path, torch.float32, torch.device("cpu")).state_dict()
+    torch.manual_seed(7)
+    weights_b = {name: tensor + 0.5 * torch.randn_like(tensor) for name, tensor in weights_a.items()}
+    prompts = [tokenizer.encode("Write the letter b.")] * 4
+    greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=128)  # long enough to push while it runs
+    pipeline = AsyncRollout(start_rollout_workers(config, torch.device("cpu")), lookahead=2, threshold=None,
+                            strategy="drop", version=0)
+    try:
+        pipeline.start(weights_a, torch.get_rng_state())
+        generate = lambda step: (pipeline.workers.generate(prompts, greedy), {})  # noqa: E731
+        pipeline.fill(1, 1, generate)
+        deadline = time.monotonic() + 120
+        while not pipeline.generating and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pipeline.generating
+        pipeline.push(weights_b, 1)  # while step 1's generation runs
+        first, _, first_metrics = pipeline.take(1, generate)
+        assert pipeline.version == 1 and first_metrics[f"{STALENESS}/max"] == 0  # version 0: nothing cut, nothing new
+        second, _, second_metrics = pipeline.take(2, generate)  # generated after the push
+        assert second_metrics[f"{STALENESS}/max"] == 0
+        pipeline.push(weights_a, 2)
+        third, _, _ = pipeline.take(3, generate)
+    finally:
+        pipeline.close()
+    assert torch.equal(first["responses"], third["responses"])  # version 0's and 2's weights are the same: A
+    assert not torch.equal(first["responses"], second["responses"])  # B generated the second
+
+
+# --- training ------------------------------------------------------------------------------------------------------
+
+COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm", "response_length/mean",
+            "critic/advantages/mean")
+
+
+def train(tmp_path, name, overrides, steps=5):
+    config = load_config(QUICKSTART, [f"trainer.run_dir={tmp_path / name}", f"trainer.total_training_steps={steps}",
+                                      "trainer.save_hf=false", "trainer.tensorboard=false", "trainer.test_freq=-1",
+                                      *overrides])
+    trainer = SingleControllerTrainer(config)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    return [row for row in read_metrics(tmp_path / name) if "critic/score/mean" in row]
+
+
+@pytest.mark.slow
+def test_with_threshold_zero_separate_async_is_on_policy_and_trains_the_numbers_of_sync(tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the trainer's share of the cores in the async run, where it matters for the numbers
+    try:
+        sync = train(tmp_path, "sync", [])
+        on_policy = train(tmp_path, "async", ["trainer.mode=separate_async",
+                                              "trainer.sampler.max_off_policy_threshold=0"])
+    finally:
+        torch.set_num_threads(threads)
+    assert [row[f"{STALENESS}/max"] for row in on_policy] == [0] * 5
+    for ours, theirs in zip(on_policy, sync):
+        for key in COMPARED:
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-7), (ours["step"], key)
+
+
+@pytest.mark.parametrize("strategy, dropped", [("drop", True), ("wait", False)])
+def test_the_threshold_bounds_staleness_by_dropping_or_waiting(tmp_path, strategy, dropped):
+    rows = train(tmp_path, strategy, ["trainer.mode=separate_async", "trainer.separate_async.num_warmup_batches=2",
+                                      "trainer.sampler.max_off_policy_threshold=1",
+                                      f"trainer.sampler.max_off_policy_strategy={strategy}"], steps=4)
+    assert all(row[f"{STALENESS}/max"] <= 1 for row in rows)
+    assert (sum(row["training/off_policy/dropped_batches"] for row in rows) > 0) == dropped
+    if strategy == "wait":
+        assert rows[-1][f"{STALENESS}/max"] == 1  # it generates one step ahead, not two: the overlap is kept
+
+
+@pytest.mark.slow
+def test_the_quickstart_trains_separate_async_to_the_reward_of_sync_from_the_cli(tmp_path):
+    runs = tmp_path / "runs"
+    result = cli("run", QUICKSTART, "--target", "local", "--runs-dir", runs, "--run-id", "qa", "--", *ASYNC,
+                 "trainer.save_hf=false")
+    assert result.exit_code == 0, result.output
+    rows = [row for row in read_metrics(runs / "qa") if "critic/score/mean" in row]
+    assert len(rows) == 40
+    staleness = [row[f"{STALENESS}/max"] for row in rows]
+    assert staleness == [0] + [1] * 39  # one step off after the first, never above the threshold (8)
+    assert sum(row["critic/score/mean"] for row in rows[-10:]) / 10 >= 0.85
+    assert all(0 <= row["separate_async/rollout/idle_ratio"] <= 1 for row in rows)
+    assert all("timing_s/sync_rollout_weights" in row and "timing_s/wait_prev_gen" in row for row in rows)
+    log = (runs / "qa" / "train.log").read_text()
+    assert "| stale 1.0 |" in log
+    status = cli("status", "qa", "--runs-dir", runs)
+    assert "stale" in status.output, status.output
