@@ -165,3 +165,54 @@ def test_the_quickstart_trains_separate_async_to_the_reward_of_sync_from_the_cli
     assert "| stale 1.0 |" in log
     status = cli("status", "qa", "--runs-dir", runs)
     assert "stale" in status.output, status.output
+
+
+# --- every target: the dry runs show both pools ---------------------------------------------------------------------
+
+POOLS = "# pools (trainer.mode=separate_async): trainer"
+
+
+def dry_run(target, *flags, rollout_gpus=1):
+    result = cli("run", QUICKSTART, "--target", target, "--dry-run", "--run-id", "qa", *flags, "--",
+                 "trainer.v1.trainer_mode=separate_async", "actor_rollout_ref.rollout.nnodes=1",
+                 f"actor_rollout_ref.rollout.n_gpus_per_node={rollout_gpus}", "trainer.device=auto")
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_docker_and_slurm_give_the_rollouts_gpus_beside_the_trainers():
+    docker = dry_run("docker", "--gpus", "2")
+    assert f"{POOLS} 2 GPU(s) x 1 node(s); rollout 1 GPU(s) x 1 node(s) beside the trainer's" in docker
+    assert " --gpus 3 " in docker and "--set trainer.n_workers=2 " in docker  # the trainer's workers stay 2
+    slurm = dry_run("slurm", "--gpus", "2")
+    assert f"{POOLS} 2 GPU(s)" in slurm and "#SBATCH --gres=gpu:3" in slurm
+
+
+def test_kubernetes_gives_the_rollout_a_worker_group_of_its_own_on_a_ray_cluster():
+    import yaml
+
+    image = ("--image", "registry.example/verl-deploy:0.1.0-cu128")
+    one_pod = dry_run("k8s", "--gpus", "1", *image)
+    job = next(o for o in yaml.safe_load_all(one_pod.split("\n", 3)[-1]) if o and o["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    ray = dry_run("k8s", "--gpus", "2", "--nodes", "2", *image, rollout_gpus=4)
+    assert f"{POOLS} 2 GPU(s) x 2 node(s); rollout 4 GPU(s) x 1 node(s) of its own" in ray
+    ray_job = next(o for o in yaml.safe_load_all(ray.split("\n", 3)[-1]) if o and o["kind"] == "RayJob")
+    groups = {g["groupName"]: g for g in ray_job["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    assert groups["rollout"]["replicas"] == 1
+    limits = lambda group: group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]  # noqa
+    assert limits(groups["rollout"]) == "4" and limits(groups["workers"]) == "2"
+    from test_k8s import validate
+
+    validate(ray_job)  # KubeRay's RayJob CRD schema, and the official pod schema for each group's template
+
+
+@pytest.mark.ray
+def test_with_ray_workers_the_rollout_is_a_ray_pool_of_its_own(tmp_path, capsys):
+    from conftest import require
+    import importlib.util
+
+    require(importlib.util.find_spec("ray") is not None, "Ray is not installed (the runtime extra)")
+    rows = train(tmp_path, "ray", ["trainer.mode=separate_async", "trainer.n_workers=2", "ray.num_cpus=3"], steps=3)
+    assert "1 Ray worker(s) for rollout" in capsys.readouterr().out
+    assert [row[f"{STALENESS}/max"] for row in rows] == [0, 1, 1]

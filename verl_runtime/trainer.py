@@ -23,9 +23,9 @@ import torch
 from verl_runtime import oom, rundir, validation
 from verl_runtime.algorithms import apply_kl_penalty, compute_advantage, get_kl_controller, sequence_scores_to_token_level
 from verl_runtime.checkpoint import latest_checkpoint, load_newest, rng_state, save_checkpoint, set_rng_state
-from verl_runtime.config import Config, diff_configs, mini_batch_size, to_yaml, validate, world_size
+from verl_runtime.config import Config, diff_configs, mini_batch_size, rollout_world_size, to_yaml, validate, world_size
 from verl_runtime.controller import WorkerGroup
-from verl_runtime.controller.ray_backend import start_worker_groups, uses_ray
+from verl_runtime.controller.ray_backend import start_rollout_group, start_worker_groups, uses_ray
 from verl_runtime.data import Prompt, batch_indices, encode_prompts, load_rows, make_toy_rows, prompt_token_ids
 from verl_runtime.errors import TrainingError, UserError
 from verl_runtime.metrics import MetricsWriter, StepClock, format_console_line, format_validation_line
@@ -59,12 +59,9 @@ class SingleControllerTrainer:
         seed_everything(config.trainer.seed)
         self.tokenizer = load_tokenizer(config.model.path)  # builds builtin:tiny first, which the workers load
         self.rollout_workers = self.pipeline = None
-        if config.trainer.mode == "separate_async":
+        if config.trainer.mode == "separate_async" and not ray:  # processes beside this one, loading as it does
             from verl_runtime.async_rollout import start_rollout_workers
 
-            if ray:
-                raise UserError("trainer.mode=separate_async with several trainer workers (Ray) is not here yet: "
-                                "train on one worker (trainer.n_workers=1) beside the rollout's, or synchronously")
             self.rollout_workers = start_rollout_workers(config, self.device)
         # With Ray, a rule-based reward stays here: scoring costs less than a round trip to the workers.
         local = [role for role in roles if not ray or (role == "reward" and not config.reward.model_path)]
@@ -73,6 +70,9 @@ class SingleControllerTrainer:
         if ray:
             remote = [role for role in roles if role not in local]
             groups.update(start_worker_groups(config, remote, build_roles, ROLE_CLASSES))
+            if config.trainer.mode == "separate_async":  # a Ray pool of its own, beside the trainer's
+                self.rollout_workers = start_rollout_group(config, rollout_world_size(config), build_roles,
+                                                           ROLE_CLASSES["rollout"])
         self.actor, self.reward = groups["actor"], groups["reward"]
         self.critic, self.ref = groups.get("critic"), groups.get("ref")
         # With LoRA the reference is the actor with its adapters disabled (verl's ref_in_actor): no second model.

@@ -55,6 +55,24 @@ def start_worker_groups(
     return groups
 
 
+def start_rollout_group(config: Config, world: int, build_roles: Callable, worker_class: type) -> RayWorkerGroup:
+    """The rollout's own pool (trainer.mode=separate_async) beside the trainer's, `world` workers on slots of their
+    own (GPUs the trainer's pools left free)."""
+    import ray
+
+    connect(config)
+    device = worker_device(config.trainer.device, ray.cluster_resources())
+    slot = {"CPU": config.trainer.cpus_per_worker, **({"GPU": 1} if device == "cuda" else {})}
+    pools = 1 + (config.trainer.placement == "split" and config.algorithm.adv_estimator == "gae")
+    for resource, amount in slot.items():
+        needed, have = amount * (config.trainer.n_workers * pools + world), ray.cluster_resources().get(resource, 0)
+        if needed > have:
+            raise ConfigError(f"trainer.mode=separate_async needs {needed:g} {resource}s ({config.trainer.n_workers} "
+                              f"trainer worker(s) x {pools} pool(s) + {world} rollout worker(s), x {amount:g}) but the "
+                              f"Ray cluster has {have:g}: add nodes or GPUs, or lower rollout.n_gpus_per_node")
+    return RayWorkerGroup("rollout", Pool.start(config, ["rollout"], slot, device, build_roles, n=world), worker_class)
+
+
 def connect(config: Config) -> bool:
     """ray.init unless this process is connected already; whether it joins a cluster started elsewhere."""
     import ray
@@ -158,12 +176,14 @@ class Pool:
         self.actors, self.placement, self.roles = actors, placement, roles
 
     @classmethod
-    def start(cls, config: Config, roles: list[str], slot: dict[str, float], device: str, build_roles: Callable) -> Pool:
+    def start(cls, config: Config, roles: list[str], slot: dict[str, float], device: str, build_roles: Callable,
+              n: int | None = None) -> Pool:
+        """n: the pool's workers (None: trainer.n_workers)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        n = config.trainer.n_workers
+        n = n or config.trainer.n_workers
         # GPU workers pack onto few nodes (fast links between GPUs); CPU workers spread to use every node's cores.
         placement = placement_group([slot] * n, strategy="PACK" if device == "cuda" else "SPREAD")
         if not placement.wait(timeout_seconds=60):

@@ -12,8 +12,11 @@ from verl_runtime.workers.actor import ActorWorker
 from verl_runtime.workers.critic import CriticWorker
 from verl_runtime.workers.reference import ReferenceWorker
 from verl_runtime.workers.reward import RewardWorker
+from verl_runtime.workers.rollout import RolloutWorker
 
-ROLE_CLASSES = {"actor": ActorWorker, "critic": CriticWorker, "ref": ReferenceWorker, "reward": RewardWorker}
+# rollout: the rollout's own workers (trainer.mode=separate_async), in a pool of their own
+ROLE_CLASSES = {"actor": ActorWorker, "critic": CriticWorker, "ref": ReferenceWorker, "reward": RewardWorker,
+                "rollout": RolloutWorker}
 
 
 def build_roles(config, roles: list[str], tokenizer, device) -> dict:
@@ -22,11 +25,12 @@ def build_roles(config, roles: list[str], tokenizer, device) -> dict:
         keep_freed_memory()  # activations are freed and allocated again every step
     built = {}
     for name in (name for name in ROLE_CLASSES if name in roles):
-        if name in ("actor", "reward"):
+        if name in ("actor", "reward", "rollout"):
             built[name] = ROLE_CLASSES[name](config, tokenizer, device)
         else:
             built[name] = ROLE_CLASSES[name](config, device)
     return built
 
 
-__all__ = ["ROLE_CLASSES", "ActorWorker", "CriticWorker", "ReferenceWorker", "RewardWorker", "build_roles"]
+__all__ = ["ROLE_CLASSES", "ActorWorker", "CriticWorker", "ReferenceWorker", "RewardWorker", "RolloutWorker",
+           "build_roles"]

@@ -14,14 +14,19 @@ from verl_runtime.config import Config
 from verl_runtime.controller import ALL, PROMPT_SPLIT, register
 from verl_runtime.models import load_causal_lm
 from verl_runtime.rollout import SamplingParams
+from verl_runtime.workers import parallel
 from verl_runtime.workers.actor import disable_dropout, make_engine, mixed_precision, sample
 
 VERSION_KEY = "weight_version"  # per sample: the weights' version (updates they hold) that generated it
 
 
 class RolloutWorker:
-    def __init__(self, config: Config, tokenizer, device: torch.device, rank: int = 0, world_size: int = 1):
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, config: Config, tokenizer, device: torch.device, rank: int | None = None,
+                 world_size: int | None = None):
+        """rank, world_size: this worker's place in the rollout's pool (None: its torch.distributed group's, as a Ray
+        pool sets up; a process of the process backend is given them)."""
+        self.rank = parallel.rank() if rank is None else rank
+        self.world_size = parallel.world_size() if world_size is None else world_size
         self.model = load_causal_lm(config.model.path, torch.float32, device)
         disable_dropout(self.model)
         self.model.eval()

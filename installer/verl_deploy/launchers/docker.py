@@ -21,7 +21,7 @@ from typing import Iterator
 from verl_deploy import runs
 from verl_deploy.launchers.jobspec import (
     DATA_DIR, DEFAULT_SHM, MANAGED_LABEL, RUN_ID_LABEL, RUNS_DIR, SECRETS_DIR, STOP_GRACE_S, JobSpec, LaunchError,
-    launch_fault,
+    launch_fault, pools_line,
 )
 from verl_deploy.sizes import docker_size
 from verl_deploy.runs import RunStatus
@@ -187,8 +187,13 @@ def container_options(spec: JobSpec, plan: Plan | None = None, environ=None) -> 
     if spec.nodes > 1:
         options["network"] = network_name(spec)
     if spec.gpus.wanted:
+        if spec.gpus.device_ids and spec.rollout_gpus:
+            raise LaunchError(f"--gpus {spec.gpus} with trainer.mode=separate_async: give a count (--gpus N, the "
+                              f"trainer's; the rollout's {spec.rollout_gpus} come beside them)")
         if spec.gpus.device_ids:
             request = DeviceRequest(device_ids=list(spec.gpus.device_ids), capabilities=[["gpu"]])
+        elif spec.rollout_gpus and plan.role in ("trainer", "ray-head"):  # the rollout's pool beside the trainer's
+            request = DeviceRequest(count=spec.gpus_of("trainer"), capabilities=[["gpu"]])
         else:
             request = DeviceRequest(count=spec.gpus.count, capabilities=[["gpu"]])
         options["device_requests"] = [request]
@@ -543,6 +548,8 @@ class DockerLauncher:
     def dry_run(self, spec: JobSpec) -> str:
         lines = [line for options in run_options(spec)
                  for line in docker_lines(options, detach=options["labels"][ROLE_LABEL] not in TRAINER_ROLES)]
+        if pools := pools_line(spec):
+            lines.insert(0, f"# {pools}")
         if spec.services:
             lines.insert(0, shlex.join(["docker", "network", "create", "--internal", services_network(spec)]))
         if spec.nodes > 1:

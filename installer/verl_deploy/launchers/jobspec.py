@@ -155,6 +155,9 @@ class JobSpec:
     ipc_host: bool = False
     nodes: int = 1
     world_size: int | None = None  # trainer workers, one per GPU: --gpus x --nodes (None: the runtime decides)
+    # trainer.mode=separate_async on GPUs: the rollout's own pool beside the trainer's (--gpus is the trainer's):
+    # rollout.n_gpus_per_node GPUs on each of rollout.nnodes nodes; on one node, beside the trainer's GPUs
+    rollout_pool: tuple[int, int] = (0, 0)  # (nodes, GPUs per node)
     hf_cache: Path | None = None
     data_dir: Path | None = None
     reward_file: Path | None = None  # reward.function's file on the host, read-only beside the config in the container
@@ -193,6 +196,19 @@ class JobSpec:
             started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), flags=dict(self.launch_flags),
             trainer=tuple(self.trainer), verl_source=dict(self.verl_source), **given,
         )
+
+    @property
+    def rollout_gpus(self) -> int:
+        """The rollout pool's GPUs (0: it shares the trainer's, or the run has none)."""
+        return self.rollout_pool[0] * self.rollout_pool[1]
+
+    def gpus_of(self, pod: str) -> int:
+        """GPUs one container or pod of the run asks for: "trainer" (the one node: the trainer's and the rollout
+        pool's), "ray-head" / "ray-worker" (the trainer's per node), "rollout" (the rollout pool's per node)."""
+        trainer = self.gpus.number or 0
+        if pod == "rollout":
+            return self.rollout_pool[1]
+        return trainer + (self.rollout_gpus if pod == "trainer" else 0)
 
     @property
     def service_image(self) -> str:
@@ -758,6 +774,7 @@ def build_spec(
             gpus, nodes = derive_world(loaded.trainer, gpus, nodes)
             reward_file, reward_name = host_reward_file(check_world(loaded, gpus, nodes).reward.function)
             tool_config = host_tool_config(loaded)
+        rollout_pool = rollout_pool_of(loaded, gpus, nodes)
     except ValueError as exc:
         raise LaunchError(str(exc)) from None
     with sizes_checked():  # the GPUs are known now: --gpus, or the config's
@@ -794,6 +811,7 @@ def build_spec(
         ipc_host=ipc_host,
         nodes=nodes,
         world_size=world_size(gpus, nodes),
+        rollout_pool=rollout_pool,
         loaded=loaded,
         reward_file=reward_file,
         reward_name=reward_name,
@@ -812,6 +830,33 @@ def build_spec(
         cluster=cluster or ClusterOptions(),
     )
     return replace(spec, command=command_of(spec))  # built once, from the spec's final values
+
+
+def rollout_pool_of(loaded, gpus: Gpus, nodes: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) of the rollout's own pool: trainer.mode=separate_async on GPUs; (0, 0) otherwise (it
+    shares the trainer's GPUs, or the run trains on the CPU, where the cores are shared out). On one node the pool
+    sits beside the trainer's GPUs; on several it is a group of nodes of its own (a Ray cluster places it)."""
+    if loaded is None or loaded.trainer.mode != "separate_async" or not gpus.wanted or loaded.trainer.device == "cpu":
+        return 0, 0
+    per_node, rollout_nodes = loaded.rollout.n_gpus_per_node or 1, loaded.rollout.nnodes or 1
+    if nodes == 1 and rollout_nodes > 1:
+        raise ValueError(f"rollout.nnodes={rollout_nodes} on a one-node run: the rollout's pool sits beside the "
+                         "trainer's GPUs there; set rollout.nnodes=1 (and rollout.n_gpus_per_node), or --nodes")
+    return rollout_nodes, per_node
+
+
+def pools_line(spec: JobSpec) -> str | None:
+    """What the dry runs print of a run whose rollout has a pool of its own (trainer.mode=separate_async)."""
+    if spec.loaded is None or spec.loaded.trainer.mode != "separate_async":
+        return None
+    trainer = f"{spec.gpus.number} GPU(s) x {spec.nodes} node(s)" if spec.gpus.wanted else "its share of the CPUs"
+    if spec.rollout_gpus:
+        rollout = f"{spec.rollout_pool[1]} GPU(s) x {spec.rollout_pool[0]} node(s)"
+        where = " beside the trainer's" if spec.nodes == 1 else " of its own"
+    else:
+        rollout, where = f"{spec.loaded.rollout.n_gpus_per_node or 1} worker(s), each its share of the CPUs", ""
+    return (f"pools (trainer.mode=separate_async): trainer {trainer}; rollout {rollout}{where}, one batch ahead "
+            f"(num_warmup_batches={spec.loaded.trainer.separate_async.num_warmup_batches})")
 
 
 def with_plan(spec: JobSpec, plan_json: str) -> JobSpec:

@@ -27,8 +27,10 @@ from verl_deploy.launchers.jobspec import (
     TOOL_CONFIG_NAME,
     JobSpec,
     LaunchError,
+    pools_line,
 )
 from verl_deploy.runs import RunStatus
+from verl_deploy.sizes import Gpus
 from verl_runtime.errors import EXIT_USER_ERROR
 from verl_runtime.services.registry import url_env
 
@@ -97,7 +99,7 @@ def _gpu_count(spec: JobSpec) -> int:
         raise LaunchError(
             f"--gpus {spec.gpus} cannot be honoured on Kubernetes: the scheduler picks devices, give a count (--gpus 8)"
         )
-    return spec.gpus.count
+    return spec.gpus_of("trainer") if spec.nodes == 1 else spec.gpus.count  # one pod: the rollout's pool beside
 
 
 def _driver_major_floor(variant: str | None, runtime: str) -> int | None:
@@ -402,11 +404,24 @@ def ray_job(spec: JobSpec) -> dict:
                         "maxReplicas": spec.nodes - 1,
                         "rayStartParams": {},
                         "template": template("ray-worker"),
-                    }
+                    },
+                    *rollout_group(spec),
                 ],
             },
         },
     }
+
+
+def rollout_group(spec: JobSpec) -> list[dict]:
+    """trainer.mode=separate_async: the rollout's pool as a worker group of its own, rollout.nnodes pods of
+    rollout.n_gpus_per_node GPUs (the trainer places its rollout workers on them through Ray); none otherwise."""
+    nodes, per_node = spec.rollout_pool
+    if not nodes:
+        return []
+    sized = dataclasses.replace(spec, gpus=Gpus(count=per_node), rollout_pool=(0, 0))
+    pod = pod_spec(sized, container(sized, "ray-rollout"), None, fetch=False)
+    return [{"groupName": "rollout", "replicas": nodes, "minReplicas": nodes, "maxReplicas": nodes,
+             "rayStartParams": {}, "template": {"metadata": {"labels": dict(spec.labels)}, "spec": pod}}]
 
 
 def submitter_template(spec: JobSpec) -> dict:
@@ -900,6 +915,8 @@ class K8sLauncher:
             print(warning, file=sys.stderr, flush=True)
         header = f"# verl-deploy run {spec.run_id}: kubectl apply -f - (server-side: --server-side)\n"
         header += _cache_note(spec)
+        if pools := pools_line(spec):
+            header += f"# {pools}\n"
         if spec.secrets:
             header += (
                 f"# {', '.join(spec.secrets)}: files in {SECRETS_DIR} from Secret {SECRET_NAME} (not shown); "

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Iterator
 
 from verl_deploy import runs, sizes
-from verl_deploy.launchers.jobspec import JobSpec, LaunchError, remove_run_dir
+from verl_deploy.launchers.jobspec import JobSpec, LaunchError, pools_line, remove_run_dir
 from verl_deploy.runs import RunStatus
 from verl_runtime.rundir import JOB_EXIT, JOB_LOG, JOB_SCRIPT
 
@@ -82,7 +82,8 @@ def _gpus_per_node(spec: JobSpec) -> int:
     if spec.gpus.device_ids or spec.gpus.count < 0:
         raise LaunchError(f"--gpus {spec.gpus}: on Slurm give a count per node (e.g. --gpus 8): the scheduler "
                           "picks the devices")
-    return spec.gpus.number or 0
+    # trainer.mode=separate_async: the rollout's pool shares the allocation's nodes (Ray places its workers)
+    return (spec.gpus.number or 0) + -(-spec.rollout_gpus // spec.nodes)
 
 
 def job_size(spec: JobSpec) -> sizes.PodSize:
@@ -372,7 +373,11 @@ class SlurmLauncher:
         return SlurmOptions(**{key: given[key] if given[key] is not None else recorded.get(key) for key in given})
 
     def dry_run(self, spec: JobSpec) -> str:
-        return batch_script(spec, self._options(spec))
+        script = batch_script(spec, self._options(spec))
+        if pools := pools_line(spec):  # after the #! line and the #SBATCH block's start
+            first, _, rest = script.partition("\n")
+            script = f"{first}\n# {pools}\n{rest}"
+        return script
 
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
         options = self._options(spec)
