@@ -216,3 +216,30 @@ def test_with_ray_workers_the_rollout_is_a_ray_pool_of_its_own(tmp_path, capsys)
     rows = train(tmp_path, "ray", ["trainer.mode=separate_async", "trainer.n_workers=2", "ray.num_cpus=3"], steps=3)
     assert "1 Ray worker(s) for rollout" in capsys.readouterr().out
     assert [row[f"{STALENESS}/max"] for row in rows] == [0, 1, 1]
+
+
+# --- the GPU branches, on the CPU ----------------------------------------------------------------------------------
+
+def test_on_gpus_each_rollout_worker_takes_the_next_gpu_after_the_trainers():
+    from verl_runtime.async_rollout import rollout_placement
+
+    config = load_config(QUICKSTART, ["trainer.mode=separate_async", "rollout.n_gpus_per_node=2", "trainer.n_workers=1"])
+    envs, threads = rollout_placement(config, "cuda", ["3", "5", "6"], cores=16, threads=8)
+    assert envs == [{"CUDA_VISIBLE_DEVICES": "5"}, {"CUDA_VISIBLE_DEVICES": "6"}] and threads == 8
+    with pytest.raises(ConfigError, match="needs 3 GPUs .* this node sees 2"):
+        rollout_placement(config, "cuda", ["0", "1"], cores=16, threads=8)
+    envs, threads = rollout_placement(config, "cpu", [], cores=6, threads=6)  # the cores shared out, 2 each
+    assert envs == [{}, {}] and threads == 2
+
+
+def test_a_tp_line_runs_data_parallel_where_one_gpu_holds_the_model_else_names_verl():
+    from verl_runtime.errors import UserError
+    from verl_runtime.workers.actor import data_parallel_rollout
+
+    from conftest import FIXTURES
+
+    h200 = json.loads((FIXTURES / "nvml" / "h200.json").read_text())["devices"][0]["memory_total"]  # NVML's reading
+    line = data_parallel_rollout(2, 16 * 2**30, h200, 0.6)  # an 8B model in bf16
+    assert "runs data-parallel instead" in line and "16.00 GiB of its 84 GiB rollout share" in line
+    with pytest.raises(UserError, match="do not fit one GPU's rollout share .* --runtime verl"):
+        data_parallel_rollout(8, 140 * 2**30, h200, 0.6)  # a 70B model in bf16: verl runs it TP 8

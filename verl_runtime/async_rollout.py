@@ -144,30 +144,33 @@ class AsyncRollout:
 
 
 def start_rollout_workers(config, trainer_device: torch.device):
-    """The rollout's worker processes beside this controller (controller/process_backend.py): on a GPU each takes
-    the next visible GPU after the trainer's; on the CPU the cores are shared out, the trainer taking one share (and
-    setting this process's torch threads to it), each rollout worker another."""
+    """The rollout's worker processes beside this controller (controller/process_backend.py), placed by
+    rollout_placement; on the CPU this process's torch threads become the trainer's share."""
     from verl_runtime.controller.process_backend import ProcessWorkerGroup
     from verl_runtime.workers.rollout import RolloutWorker, build_rollout_worker
 
+    envs, threads = rollout_placement(config, trainer_device.type, visible_gpus(), cpu_count(), torch.get_num_threads())
+    if trainer_device.type == "cpu":
+        torch.set_num_threads(threads)
+        print(f"[INFO] trainer.mode=separate_async on the CPU: the trainer and each of {len(envs)} rollout worker(s) "
+              f"get {threads} of {cpu_count()} cores", flush=True)
+    return ProcessWorkerGroup("rollout", RolloutWorker, build_rollout_worker, config, trainer_device.type, envs, threads)
+
+
+def rollout_placement(config, device: str, gpus: list[str], cores: int, threads: int) -> tuple[list[dict], int]:
+    """Each rollout worker process's environment, and the torch threads of each process: on CUDA the GPUs after the
+    trainer's (gpus: this node's, as CUDA_VISIBLE_DEVICES names them), the threads unchanged; on the CPU no GPU, and
+    the cores shared out between the trainer and the rollout's workers."""
     world = rollout_world_size(config)
     trainers = config.trainer.n_workers or 1
-    if trainer_device.type == "cuda":
-        visible = visible_gpus()
-        if len(visible) < trainers + world:
-            raise ConfigError(
-                f"trainer.mode=separate_async needs {trainers + world} GPUs ({trainers} to train, {world} for the "
-                f"rollout: rollout.n_gpus_per_node x rollout.nnodes) and this node sees {len(visible)}: give the run "
-                "more GPUs (--gpus), or train synchronously (trainer.mode=sync) on the ones it has")
-        envs = [{"CUDA_VISIBLE_DEVICES": visible[trainers + rank]} for rank in range(world)]
-        threads = torch.get_num_threads()
-    else:
-        threads = max(1, cpu_count() // (trainers + world))
-        torch.set_num_threads(threads)
-        envs = [{} for _ in range(world)]
-        print(f"[INFO] trainer.mode=separate_async on the CPU: the trainer and each of {world} rollout worker(s) get "
-              f"{threads} of {cpu_count()} cores", flush=True)
-    return ProcessWorkerGroup("rollout", RolloutWorker, build_rollout_worker, config, trainer_device.type, envs, threads)
+    if device != "cuda":
+        return [{} for _ in range(world)], max(1, cores // (trainers + world))
+    if len(gpus) < trainers + world:
+        raise ConfigError(
+            f"trainer.mode=separate_async needs {trainers + world} GPUs ({trainers} to train, {world} for the rollout: "
+            f"rollout.n_gpus_per_node x rollout.nnodes) and this node sees {len(gpus)}: give the run more GPUs "
+            "(--gpus is the trainer's; the launchers add the rollout's), or train synchronously (trainer.mode=sync)")
+    return [{"CUDA_VISIBLE_DEVICES": gpus[trainers + rank]} for rank in range(world)], threads
 
 
 def visible_gpus() -> list[str]:

@@ -327,21 +327,30 @@ def rollout_tensor_parallel(config: Config, model: nn.Module, device: torch.devi
     if tp == 1:
         return 1
     weights = sum(p.numel() for p in model.parameters()) * torch.finfo(resolve_dtype(config.model.dtype, device)).bits // 8
-    if device.type == "cuda":
-        share = torch.cuda.get_device_properties(device).total_memory * config.rollout.gpu_memory_utilization
+    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    line = data_parallel_rollout(tp, weights, memory, config.rollout.gpu_memory_utilization)
+    if parallel.rank() == 0:
+        print(line, flush=True)
+    return 1
+
+
+def data_parallel_rollout(tp: int, weights: int, gpu_memory: int | None, utilization: float) -> str:
+    """The line that says the rollout runs data-parallel instead of tensor-parallel tp, where the weights (bytes) fit
+    one GPU's rollout share (gpu_memory x utilization, WEIGHTS_SHARE of it; None: the CPU, host memory); UserError
+    naming verl's own trainer where they do not."""
+    if gpu_memory is None:
+        where = f"{weights / 2**20:.0f} MiB"
+    else:
+        share = gpu_memory * utilization
         if weights > WEIGHTS_SHARE * share:
             raise UserError(
                 f"rollout.tensor_model_parallel_size={tp}: the model's weights ({weights / 2**30:.1f} GiB) do not fit "
-                f"one GPU's rollout share (rollout.gpu_memory_utilization={config.rollout.gpu_memory_utilization} of "
-                f"{share / config.rollout.gpu_memory_utilization / 2**30:.0f} GiB) and this runtime has no "
-                f"tensor-parallel rollout; verl runs it: verl-deploy run --runtime verl -- <the same overrides>")
+                f"one GPU's rollout share (rollout.gpu_memory_utilization={utilization} of {gpu_memory / 2**30:.0f} "
+                "GiB) and this runtime has no tensor-parallel rollout; verl runs it: verl-deploy run --runtime verl "
+                "-- <the same overrides>")
         where = f"{weights / 2**30:.2f} GiB of its {share / 2**30:.0f} GiB rollout share"
-    else:
-        where = f"{weights / 2**20:.0f} MiB"
-    if parallel.rank() == 0:
-        print(f"[INFO] rollout.tensor_model_parallel_size={tp}: the rollout runs data-parallel instead, one vLLM engine "
-              f"per worker holding the whole model ({where}), each on its share of the prompts", flush=True)
-    return 1
+    return (f"[INFO] rollout.tensor_model_parallel_size={tp}: the rollout runs data-parallel instead, one vLLM engine "
+            f"per worker holding the whole model ({where}), each on its share of the prompts")
 
 
 def sample(engine, prompt_ids: list[list[int]], params: SamplingParams, precision, rank: int, world: int) -> dict:
