@@ -243,3 +243,47 @@ def test_a_tp_line_runs_data_parallel_where_one_gpu_holds_the_model_else_names_v
     assert "runs data-parallel instead" in line and "16.00 GiB of its 84 GiB rollout share" in line
     with pytest.raises(UserError, match="do not fit one GPU's rollout share .* --runtime verl"):
         data_parallel_rollout(8, 140 * 2**30, h200, 0.6)  # a 70B model in bf16: verl runs it TP 8
+
+
+# --- a fault: the rollout's worker killed mid-run --------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_killed_rollout_worker_stops_the_run_in_one_line_and_the_completed_steps_resume(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from verl_runtime.checkpoint import latest_checkpoint
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "verl_runtime", "train", str(QUICKSTART), "--set", f"trainer.run_dir={run_dir}",
+               "--set", "trainer.mode=separate_async", "--set", "trainer.save_freq=2", "--set", "trainer.save_hf=false",
+               "--set", "trainer.test_freq=-1", "--set", "data.max_response_length=48"]
+    trainer = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and trainer.poll() is None:
+            done = [row["step"] for row in read_metrics(run_dir)] if (run_dir / "metrics.jsonl").exists() else []
+            if done and done[-1] >= 3:
+                break
+            time.sleep(0.05)
+        workers = psutil.Process(trainer.pid).children()
+        assert workers, "the rollout's worker process"
+        for worker in workers:
+            worker.send_signal(signal.SIGKILL)
+        out, err = trainer.communicate(timeout=120)
+    finally:
+        trainer.kill()
+    assert trainer.returncode not in (0, None)
+    assert "Traceback" not in out + err
+    last = (out + err).strip().splitlines()[-1]
+    assert "the rollout worker of rank 0 died" in last and "checkpoint" in last, last
+    kept = latest_checkpoint(run_dir)
+    assert kept is not None  # steps 2, 4, ...: what completed is kept
+    resumed = subprocess.run([*command, "--set", "trainer.total_training_steps=8"], cwd=REPO, capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert f"Resumed from {kept}" in resumed.stdout
+    assert [row["step"] for row in read_metrics(run_dir)][-1] == 8

@@ -42,6 +42,7 @@ class ProcessWorkerGroup(BaseWorkerGroup):
             self.processes.append(process)
             self.pipes.append(ours)
         self._ready = False
+        self._failure: str | None = None  # why the workers stopped, once one died
 
     def wait_ready(self) -> None:
         """Block until every child has built its worker (they build side by side with the controller's own)."""
@@ -58,15 +59,18 @@ class ProcessWorkerGroup(BaseWorkerGroup):
 
     def _send(self, rank: int, what: str, message: Any) -> None:
         if not self.pipes:
-            raise TrainingError(f"the {self.role} workers were stopped")
+            raise self._stopped()
         try:
             self.pipes[rank].send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         except (BrokenPipeError, ConnectionResetError, OSError):
             self._died(rank, what)
 
+    def _stopped(self) -> TrainingError:
+        return TrainingError(self._failure or f"the {self.role} workers were stopped")
+
     def _receive(self, rank: int, what: str) -> tuple[Any, float]:
         if not self.pipes:
-            raise TrainingError(f"the {self.role} workers were stopped")
+            raise self._stopped()
         try:
             status, value, seconds = pickle.loads(self.pipes[rank].recv_bytes())
         except (EOFError, ConnectionResetError, OSError):
@@ -81,11 +85,12 @@ class ProcessWorkerGroup(BaseWorkerGroup):
 
     def _died(self, rank: int, what: str):
         if not self.processes:
-            raise TrainingError(f"the {self.role} workers were stopped")
+            raise self._stopped()
         process = self.processes[rank]
         process.join(timeout=5)
+        self._failure = f"the {self.role} worker of rank {rank} died during {what} (exit code {process.exitcode})"
         self.close()
-        raise TrainingError(f"the {self.role} worker of rank {rank} died during {what} (exit code {process.exitcode})")
+        raise self._stopped()  # and so does every later call: the first failure is the one to read
 
     def close(self) -> None:
         """Stop the children (they hold nothing to save: the controller has the trained weights)."""
