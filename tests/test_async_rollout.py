@@ -287,3 +287,24 @@ def test_a_killed_rollout_worker_stops_the_run_in_one_line_and_the_completed_ste
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert f"Resumed from {kept}" in resumed.stdout
     assert [row["step"] for row in read_metrics(run_dir)][-1] == 8
+
+
+# --- plan: each pool on its own GPUs ---------------------------------------------------------------------------------
+
+def test_plan_plans_each_pool_on_its_own_gpus_and_says_when_the_split_fits_where_colocated_does_not():
+    from conftest import FIXTURES
+    from verl_deploy.plan.core import plan
+
+    def planned(mode, utilization):
+        return plan(REPO / "examples" / "gsm8k-grpo.yaml", [
+            f"model.path={FIXTURES / 'models' / 'Qwen2.5-1.5B-Instruct'}", "rollout.name=vllm",
+            f"trainer.mode={mode}", f"rollout.gpu_memory_utilization={utilization}"],
+            gpu_type="A100-80GB", read_data=False, with_suggestions=False, this_host=False)
+
+    colocated, split = planned("sync", 0.7), planned("separate_async", 0.7)
+    names = [phase.name for phase in split.memory.phases]
+    assert "rollout" not in names and "weight sync" not in names and "rollout (own GPUs)" in names
+    assert all(phase.components["rollout"] == 0 for phase in split.memory.phases if phase.name != "rollout (own GPUs)")
+    assert not colocated.fits and split.fits
+    assert any("the split fits where colocated would not" in note for note in split.notes)
+    assert any("both fit" in note for note in planned("separate_async", 0.5).notes)

@@ -135,7 +135,40 @@ def head_saved(w: Widths, regime: str) -> int:
 
 def plan_memory(work: Workload, shape: ModelShape, critic: ModelShape | None, lengths: Lengths, total_bytes: int,
                 ) -> MemoryPlan:
-    return _PLANS[work.runtime](work, shape, critic or shape, lengths, total_bytes)
+    colocated = _PLANS[work.runtime](work, shape, critic or shape, lengths, total_bytes)
+    return split_pools(colocated, shape, total_bytes) if work.separate_rollout else colocated
+
+
+# The phases of a colocated step that the trainer's GPUs no longer run once the rollout has GPUs of its own.
+ROLLOUT_PHASES = ("rollout", "weight sync")
+
+
+def split_pools(colocated: MemoryPlan, shape: ModelShape, total_bytes: int) -> MemoryPlan:
+    """trainer.mode=separate_async: the trainer's GPUs run the colocated plan's training phases without the
+    rollout's engine (its weights leave for the rollout through host memory); each rollout GPU holds its worker's
+    policy copy (fp32, as verl_runtime/workers/rollout.py loads it), the colocated rollout phase's engine and
+    activations, and a CUDA context. A note compares the split with the colocated plan."""
+    trainer = [Phase(phase.name, {**phase.components, "rollout": 0}, phase.detail)
+               for phase in colocated.phases if phase.name not in ROLLOUT_PHASES]
+    generate = next(phase for phase in colocated.phases if phase.name == "rollout")
+    overhead = CUDA_CONTEXT if generate.components.get("overhead") else 0
+    rollout = Phase("rollout (own GPUs)", {
+        **{key: 0 for key in COMPONENTS}, "weights": 4 * shape.params, "rollout": generate.components["rollout"],
+        "activations": generate.components["activations"], "logits": generate.components["logits"],
+        "overhead": overhead}, f"its own GPUs: {generate.detail}")
+    split = MemoryPlan([*trainer, rollout], colocated.host_bytes, list(colocated.notes), colocated.vllm_fails)
+    fit = lambda plan: "fits" if plan.peak <= total_bytes else "does not fit"  # noqa: E731
+    verdict = ("the split fits where colocated would not" if fit(split) == "fits" != fit(colocated) else
+               "colocated would fit where the split does not" if fit(colocated) == "fits" != fit(split) else
+               "both fit" if fit(split) == "fits" else "neither fits")
+    split.notes.append(f"trainer.mode=separate_async on GPUs of {colocated_size(total_bytes)}: trainer GPUs peak "
+                       f"{colocated_size(max(p.peak for p in trainer))}, rollout GPUs {colocated_size(rollout.peak)}; "
+                       f"colocated (sync) the peak would be {colocated_size(colocated.peak)}: {verdict}")
+    return split
+
+
+def colocated_size(value: int) -> str:
+    return f"{value / GiB:.1f} GiB"
 
 
 def _kv_per_token(shape: ModelShape, key_bytes: int, value_bytes: int, tp: int = 1) -> int:

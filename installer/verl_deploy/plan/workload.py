@@ -77,6 +77,7 @@ class Workload:
     # distinct prompts in a micro-batch (the lean CPU path computes each once); None: every group's prompt differs
     distinct_prompts: int | None = None
     rollout_graphs: bool = False  # ours, builtin on the CPU: its GPU path (static_cache; bench/plan_accuracy.py)
+    separate_rollout: bool = False  # ours, trainer.mode=separate_async: the rollout on GPUs of its own
     keys: dict = field(default_factory=dict)  # what each knob is called in this runtime's config
     notes: tuple = ()
 
@@ -159,6 +160,7 @@ def from_ours(config, world: int, nodes: int, device: str) -> Workload:
         gpu_memory_utilization=config.rollout.gpu_memory_utilization, rollout_tp=1,  # data-parallel (actor.py)
         vllm_sleeps=vllm and config.rollout.enable_sleep_mode and device == "cuda",
         placement_split=config.trainer.placement == "split" and use_critic, keys=dict(OUR_KEYS), notes=tuple(notes),
+        separate_rollout=config.trainer.mode == "separate_async",
         **_our_memory_settings(config), **_our_offload(config), **lora,
     )
 
