@@ -207,6 +207,7 @@ def test_kubernetes_gives_the_rollout_a_worker_group_of_its_own_on_a_ray_cluster
     validate(ray_job)  # KubeRay's RayJob CRD schema, and the official pod schema for each group's template
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_with_ray_workers_the_rollout_is_a_ray_pool_of_its_own(tmp_path, capsys):
     from conftest import require

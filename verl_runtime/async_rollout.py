@@ -134,12 +134,12 @@ class AsyncRollout:
         for push in done:
             push.result()  # a failed push raises its error here
 
-    def close(self) -> None:
-        """Stop: generations not started are cancelled, the workers are stopped."""
+    def close(self, stop_workers: bool = True) -> None:
+        """Stop the rollout thread: generations not started are cancelled; with stop_workers the workers are stopped
+        too, so that a generation in flight ends now instead of being waited for."""
         self._thread.shutdown(wait=False, cancel_futures=True)
-        close = getattr(self.workers, "close", None)
-        if close:
-            close()
+        if stop_workers and hasattr(self.workers, "close"):
+            self.workers.close()
         self._thread.shutdown(wait=True)
 
 

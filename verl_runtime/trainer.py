@@ -14,6 +14,7 @@ import datetime
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -209,9 +210,9 @@ class SingleControllerTrainer:
                           "finishing the run", flush=True)
         finally:
             writer.close()
-            if self.pipeline is not None:
-                self.pipeline.close()  # the rollout's workers stop with the loop (a resumed fit() starts them again)
-                self.pipeline = self.rollout_workers = None
+            if self.pipeline is not None:  # its thread stops; its workers too when the loop failed (none waits)
+                self.pipeline.close(stop_workers=sys.exc_info()[0] is not None)
+                self.pipeline = None
         if cfg.trainer.save_hf:
             self.save_hf(run_dir, total)
         print(f"[INFO] Training finished at step {total}; run directory {run_dir}", flush=True)
