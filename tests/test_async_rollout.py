@@ -309,3 +309,20 @@ def test_plan_plans_each_pool_on_its_own_gpus_and_says_when_the_split_fits_where
     assert not colocated.fits and split.fits
     assert any("the split fits where colocated would not" in note for note in split.notes)
     assert any("both fit" in note for note in planned("separate_async", 0.5).notes)
+
+
+@pytest.mark.slow
+def test_verls_one_step_off_recipe_line_trains_on_main_ppo_with_bypass_mode(tmp_path):
+    """The recipe's keys (verl/experimental/one_step_off_policy: hybrid_engine=False, rollout.nnodes /
+    rollout.n_gpus_per_node, calculate_log_probs and bypass_mode as its config sets them) through main_ppo."""
+    argv = ["actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
+            "actor_rollout_ref.rollout.calculate_log_probs=True", "algorithm.rollout_correction.bypass_mode=True",
+            "actor_rollout_ref.rollout.name=builtin", "actor_rollout_ref.model.path=builtin:tiny",
+            "data.train_files=toy:letter", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.rollout.n=2", "algorithm.adv_estimator=grpo", "data.max_response_length=8",
+            "trainer.device=cpu", "trainer.total_training_steps=3", "trainer.val_before_train=False",
+            "trainer.test_freq=-1", "trainer.save_freq=-1", f"trainer.run_dir={tmp_path / 'run'}"]
+    assert main_ppo(argv) == 0
+    rows = [row for row in read_metrics(tmp_path / "run") if f"{STALENESS}/max" in row]
+    assert [row[f"{STALENESS}/max"] for row in rows] == [0, 1, 1]
+    assert all("actor/pg_loss" in row for row in rows)
