@@ -63,13 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8, help="timed steps per run (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out at the start of each run")
     parser.add_argument("--sync-threads", type=int, default=2, help="torch threads of the sync run (2: the same cores)")
+    parser.add_argument("--prompts", type=int, default=PRESET["data.batch_size"], help="prompts per step")
+    parser.add_argument("--new-tokens", type=int, default=PRESET["data.max_response_length"], help="tokens per response")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     args = parser.parse_args(argv)
     total = args.warmup + args.steps
+    size = {"data.batch_size": args.prompts, "data.max_response_length": args.new_tokens}
     with tempfile.TemporaryDirectory() as tmp:
         model = bench_shape_model(Path(tmp) / "model")
-        sync = train(model, Path(tmp) / "sync", total, {}, args.sync_threads)
-        separate = train(model, Path(tmp) / "async", total, ASYNC, None)
+        sync = train(model, Path(tmp) / "sync", total, size, args.sync_threads)
+        separate = train(model, Path(tmp) / "async", total, {**size, **ASYNC}, None)
     result = {
         "sync_s_per_step": median_of(sync, "timing_s/step", args.warmup),
         "async_s_per_step": median_of(separate, "timing_s/step", args.warmup),
@@ -80,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         "async_update_s": median_of(separate, "timing_s/update_actor", args.warmup),
         "sync_threads": args.sync_threads,
         "steps": args.steps,
+        "preset": {"prompts": args.prompts, "samples": PRESET["rollout.n"], "new_tokens": args.new_tokens,
+                   "model": "bench/_models.py BENCH_SHAPE"},
     }
     result["speedup"] = result["sync_s_per_step"] / result["async_s_per_step"]
     print(f"sync {result['sync_s_per_step']:.3f} s/step (gen {result['sync_gen_s']:.3f}, update "

@@ -78,7 +78,9 @@ class LocalLauncher:
                                   "with our runtime (drop --runtime verl)")
             return {**host_verl.environment(spec), **visible_devices(spec.gpus, found)}  # verl checks its torch
         cache = {"HF_HOME": str(spec.hf_cache)} if spec.hf_cache else {}  # --hf-cache: this host's folder
-        return {**host_gpu_env(spec.gpus), **cache, **spec.env}
+        # trainer.mode=separate_async: the rollout's GPUs are visible too, after the trainer's (async_rollout.py)
+        gpus = Gpus(count=spec.gpus_of("trainer")) if spec.rollout_gpus and not spec.gpus.device_ids else spec.gpus
+        return {**host_gpu_env(gpus), **cache, **spec.env}
 
     def dry_run(self, spec: JobSpec) -> str:
         env = " ".join(f"{key}={shlex.quote(value)}" for key, value in self.environment(spec).items()
