@@ -8,6 +8,8 @@ push made while it generates waits for that generation to end: a push never cuts
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from verl_runtime.config import Config
@@ -27,7 +29,13 @@ class RolloutWorker:
         pool sets up; a process of the process backend is given them)."""
         self.rank = parallel.rank() if rank is None else rank
         self.world_size = parallel.world_size() if world_size is None else world_size
-        self.model = load_causal_lm(config.model.path, torch.float32, device)
+        # vLLM holds its own copy of the weights on the GPU: the policy this worker loads pushes into it from host
+        # memory, and with the GPU its own, it never sleeps between generations
+        vllm = config.rollout.name == "vllm"
+        if vllm:
+            config = copy.deepcopy(config)
+            config.rollout.enable_sleep_mode = False
+        self.model = load_causal_lm(config.model.path, torch.float32, torch.device("cpu") if vllm else device)
         disable_dropout(self.model)
         self.model.eval()
         self.precision = mixed_precision(config.model.dtype, device)

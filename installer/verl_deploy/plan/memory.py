@@ -136,26 +136,28 @@ def head_saved(w: Widths, regime: str) -> int:
 def plan_memory(work: Workload, shape: ModelShape, critic: ModelShape | None, lengths: Lengths, total_bytes: int,
                 ) -> MemoryPlan:
     colocated = _PLANS[work.runtime](work, shape, critic or shape, lengths, total_bytes)
-    return split_pools(colocated, shape, total_bytes) if work.separate_rollout else colocated
+    return split_pools(colocated, shape, total_bytes, work.rollout) if work.separate_rollout else colocated
 
 
 # The phases of a colocated step that the trainer's GPUs no longer run once the rollout has GPUs of its own.
 ROLLOUT_PHASES = ("rollout", "weight sync")
 
 
-def split_pools(colocated: MemoryPlan, shape: ModelShape, total_bytes: int) -> MemoryPlan:
+def split_pools(colocated: MemoryPlan, shape: ModelShape, total_bytes: int, engine: str) -> MemoryPlan:
     """trainer.mode=separate_async: the trainer's GPUs run the colocated plan's training phases without the
     rollout's engine (its weights leave for the rollout through host memory); each rollout GPU holds its worker's
-    policy copy (fp32, as verl_runtime/workers/rollout.py loads it), the colocated rollout phase's engine and
-    activations, and a CUDA context. A note compares the split with the colocated plan."""
+    policy copy (fp32, as verl_runtime/workers/rollout.py loads it; in host memory for vLLM, whose share holds its
+    own), the colocated rollout phase's engine and activations, and a CUDA context. A note compares the split with
+    the colocated plan."""
     trainer = [Phase(phase.name, {**phase.components, "rollout": 0}, phase.detail)
                for phase in colocated.phases if phase.name not in ROLLOUT_PHASES]
     generate = next(phase for phase in colocated.phases if phase.name == "rollout")
     overhead = CUDA_CONTEXT if generate.components.get("overhead") else 0
     rollout = Phase("rollout (own GPUs)", {
-        **{key: 0 for key in COMPONENTS}, "weights": 4 * shape.params, "rollout": generate.components["rollout"],
+        **{key: 0 for key in COMPONENTS}, "weights": 0 if engine == "vllm" else 4 * shape.params,
+        "rollout": generate.components["rollout"],
         "activations": generate.components["activations"], "logits": generate.components["logits"],
-        "overhead": overhead}, f"its own GPUs: {generate.detail}")
+        "overhead": overhead}, generate.detail)
     split = MemoryPlan([*trainer, rollout], colocated.host_bytes, list(colocated.notes), colocated.vllm_fails)
     fit = lambda plan: "fits" if plan.peak <= total_bytes else "does not fit"  # noqa: E731
     verdict = ("the split fits where colocated would not" if fit(split) == "fits" != fit(colocated) else
