@@ -37,11 +37,20 @@ def doctor(
         None, "--nvml-reading", envvar="VERL_DEPLOY_NVML_READING", hidden=True,
         help="Replay a recorded NVML reading (JSON) instead of asking this host's driver.",
     ),
+    nodes: int = typer.Option(None, "--nodes", help="Pre-flight across N nodes (run it on each, as torchrun)."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank with --nodes (0 on the master)."),
+    master: str = typer.Option(None, "--master", help="ADDR:PORT where the nodes meet (rank 0's address)."),
+    timeout: float = typer.Option(30.0, "--timeout", help="Seconds the nodes wait for each other with --nodes."),
+    env_file: Path = typer.Option(None, "--env-file", help="With --nodes: write what the trainer should be given "
+                                  "here (GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME where unset) when all passes."),
 ) -> None:
-    """Is this host ready? Driver, CUDA, GPUs, PyTorch, Docker, GPU runtime, cluster. Exit 1 when a check fails."""
+    """Is this host ready? Driver, CUDA, GPUs, PyTorch, Docker, GPU runtime, cluster. Exit 1 when a check fails.
+    With --nodes N --node-rank R --master ADDR:PORT: the pre-flight across the nodes of a run (docs/multinode.md)."""
     from verl_deploy.doctor import diagnose
     from verl_deploy.doctor.render import to_json, to_table
 
+    if nodes is not None or master is not None:
+        raise typer.Exit(_preflight(nodes, node_rank, master, timeout, json_output, env_file))
     try:
         report = diagnose(nvml_reading=nvml_reading, k8s=k8s, gpu_smoke=gpu_smoke)
     except ValueError as exc:
@@ -53,6 +62,26 @@ def doctor(
 
         Console().print(to_table(report.findings, report.recommended_variant))
     raise typer.Exit(report.exit_code)
+
+
+def _preflight(nodes: int | None, rank: int, master: str | None, timeout: float, json_output: bool,
+               env_file: Path | None) -> int:
+    from verl_deploy.doctor import multinode
+    from verl_deploy.doctor.render import cluster_json, cluster_lines
+
+    if nodes is None or master is None:
+        typer.echo("error: the pre-flight needs both --nodes N and --master ADDR:PORT (with --node-rank R)", err=True)
+        return 2
+    try:
+        host, port = multinode.parse_master(master)
+        report = multinode.run(multinode.Options(nodes, rank, host, port, timeout))
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 2
+    typer.echo(cluster_json(report) if json_output else cluster_lines(report, rank))
+    if env_file is not None and report.exit_code == 0:
+        multinode.write_env(report, env_file)
+    return report.exit_code
 
 
 @app.command()

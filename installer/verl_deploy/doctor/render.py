@@ -49,3 +49,33 @@ def to_table(findings: list[Finding], recommended_variant: str):
     table.caption = f"{counts} — {verdict}; image variant for this host: {recommended_variant}"
     table.caption_justify = "left"
     return table
+
+
+def cluster_lines(report, rank: int) -> str:
+    """The multi-node pre-flight (multinode.ClusterReport) as one line per finding, worst first, and a verdict."""
+    order = {"fail": 0, "warn": 1, "skip": 2, "ok": 3}
+    lines = []
+    for f in sorted(report.findings, key=lambda f: order[f.status]):
+        where = f"{f.node}: " if f.node else ""
+        fix = f" -> {f.remedy}" if f.remedy and f.status in ("fail", "warn") else ""
+        lines.append(f"{f.status.upper():4} {f.name}: {where}{f.message}{fix}")
+    fails = sum(f.status == "fail" for f in report.findings)
+    verdict = "ready" if not fails else f"not ready: {fails} fail line(s) above"
+    who = "the cluster" if rank == 0 else f"the cluster (rank {rank}: the master's verdict)"
+    lines.append(f"verl-deploy doctor --nodes {report.nodes}: {who} is {verdict}")
+    return "\n".join(lines)
+
+
+def cluster_json(report) -> str:
+    counts = {status: sum(f.status == status for f in report.findings) for status in STATUSES}
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "verl_deploy_version": __version__,
+        "ok": counts["fail"] == 0,
+        "nodes": report.nodes,
+        "joined": report.joined,
+        "interface": report.interface,
+        "summary": counts,
+        "findings": [asdict(f) for f in report.findings],
+    }
+    return json.dumps(document, indent=2)
