@@ -73,7 +73,7 @@ def test_the_master_port_blocked_for_one_node_is_named(cluster):
     results, elapsed = doctor(cluster)
     code, output = results[0]
     assert code == 1 and elapsed < 60
-    assert any("rank 1 did not reach the master" in line for line in fails(output)), output
+    assert any("rank 1: did not reach the master" in line for line in fails(output)), output
     node_code, node_output = results[1]
     assert node_code == 1
     assert "rank 1 (node1, 10.231." in node_output and "timed out" in node_output, node_output
@@ -93,7 +93,7 @@ def test_a_node_that_never_starts_is_named_at_the_timeout(cluster):
     results, elapsed = doctor(cluster, ranks=[0, 1])
     code, output = results[0]
     assert code == 1 and elapsed < 60
-    assert any(f"rank 2 did not reach the master" in line and f"within {JOIN_TIMEOUT_S} s" in line
+    assert any("rank 2: did not reach the master" in line and f"within {JOIN_TIMEOUT_S} s" in line
                for line in fails(output)), output
     assert results[1][0] == 1  # the others get the same verdict
 
@@ -123,3 +123,12 @@ def test_a_small_dev_shm_is_named(cluster):
     assert code == 1 and elapsed < 60
     line = next(line for line in fails(output) if "/dev/shm" in line)
     assert "rank 1 (node1, 10.231." in line and "64 MiB" in line and "--shm-size" in line
+
+
+def test_a_blocked_port_of_the_master_besides_the_rendezvous_is_named(cluster):
+    cluster.inside(cluster.nodes[2], "iptables", "-A", "OUTPUT", "-p", "tcp", "--dport", "6379", "-j", "DROP")
+    results, elapsed = doctor(cluster)
+    code, output = results[0]
+    assert code == 1 and elapsed < 60
+    line = next(line for line in fails(output) if line.startswith("FAIL ports"))
+    assert "rank 2 (node2, 10.231." in line and "port 6379 (Ray's GCS): timed out" in line

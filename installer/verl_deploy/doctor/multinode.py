@@ -131,7 +131,7 @@ def _join(listener, options: Options, own: dict[str, Any]):
 
 def _missing(options: Options, facts: dict[int, Any]) -> list[Finding]:
     return [
-        Finding(AREA, "join", "fail", f"rank {rank} did not reach the master {options.master_host}:"
+        Finding(AREA, "join", "fail", f"did not reach the master {options.master_host}:"
                 f"{options.master_port} within {options.timeout_s:g} s",
                 f"start `verl-deploy doctor --nodes {options.nodes} --node-rank {rank} --master "
                 f"{options.master_host}:{options.master_port}` there; if it runs, open TCP port {options.master_port} "
