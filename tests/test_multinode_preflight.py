@@ -31,15 +31,15 @@ def cluster(request):
         made.close()
 
 
-def doctor(cluster: Cluster, ranks=None, env=None, shm=None, timeout=JOIN_TIMEOUT_S) -> tuple[dict, float]:
+def doctor(cluster: Cluster, ranks=None, env=None, shm=None, timeout=JOIN_TIMEOUT_S, auto=False) -> tuple[dict, float]:
     """Run the pre-flight on the given ranks (default: all), each in its node; (rank -> (exit code, output), s)."""
     master = cluster.nodes[0]
     started, procs = time.monotonic(), {}
     for node in cluster.nodes:
         if ranks is not None and node.rank not in ranks:
             continue
-        argv = [sys.executable, "-m", "verl_deploy", "doctor", "--nodes", str(cluster.size), "--node-rank",
-                str(node.rank), "--master", f"{master.address}:{PORT}", "--timeout", str(timeout)]
+        rank = "auto" if auto and node.rank else str(node.rank)
+        argv = [sys.executable, "-m", "verl_deploy", "doctor", "--nodes", str(cluster.size), "--node-rank", rank, "--master", f"{master.address}:{PORT}", "--timeout", str(timeout)]
         node_env = {**os.environ, **(env or {}).get(node.rank, {})}
         procs[node.rank] = subprocess.Popen(
             cluster.command(node, argv, shm=(shm or {}).get(node.rank)), stdout=subprocess.PIPE,
@@ -65,6 +65,14 @@ def test_a_healthy_three_node_cluster_passes_within_30_s(cluster):
     assert "the cluster is ready" in output
     assert all(code == 0 for code, _ in results.values()), results
     assert elapsed < 30, f"{elapsed:.1f} s"
+
+
+def test_workers_numbered_by_the_master_as_in_a_kubernetes_worker_group(cluster):
+    results, _ = doctor(cluster, auto=True)
+    assert [code for code, _ in results.values()] == [0, 0, 0], results
+    assert "3 of 3 nodes joined" in results[0][1]
+    assert {"rank 1 (node", "rank 2 (node"} <= {line[line.index("rank"):][:12] for line in results[0][1].splitlines()
+                                                 if "route: rank" in line}
 
 
 def test_the_master_port_blocked_for_one_node_is_named(cluster):

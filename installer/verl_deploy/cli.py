@@ -38,7 +38,8 @@ def doctor(
         help="Replay a recorded NVML reading (JSON) instead of asking this host's driver.",
     ),
     nodes: int = typer.Option(None, "--nodes", help="Pre-flight across N nodes (run it on each, as torchrun)."),
-    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank with --nodes (0 on the master)."),
+    node_rank: str = typer.Option("0", "--node-rank", help="This node's rank with --nodes: 0 on the master; 1..N-1, "
+                                  "or auto (the master numbers it), on the others."),
     master: str = typer.Option(None, "--master", help="ADDR:PORT where the nodes meet (rank 0's address)."),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds the nodes wait for each other with --nodes."),
     env_file: Path = typer.Option(None, "--env-file", help="With --nodes: write what the trainer should be given "
@@ -64,7 +65,7 @@ def doctor(
     raise typer.Exit(report.exit_code)
 
 
-def _preflight(nodes: int | None, rank: int, master: str | None, timeout: float, json_output: bool,
+def _preflight(nodes: int | None, node_rank: str, master: str | None, timeout: float, json_output: bool,
                env_file: Path | None) -> int:
     from verl_deploy.doctor import multinode
     from verl_deploy.doctor.render import cluster_json, cluster_lines
@@ -74,11 +75,12 @@ def _preflight(nodes: int | None, rank: int, master: str | None, timeout: float,
         return 2
     try:
         host, port = multinode.parse_master(master)
+        rank = multinode.parse_rank(node_rank)
         report = multinode.run(multinode.Options(nodes, rank, host, port, timeout))
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         return 2
-    typer.echo(cluster_json(report) if json_output else cluster_lines(report, rank))
+    typer.echo(cluster_json(report) if json_output else cluster_lines(report))
     if env_file is not None and report.exit_code == 0:
         multinode.write_env(report, env_file)
     return report.exit_code

@@ -27,7 +27,8 @@ Facts = dict[str, Any]
 
 
 def label(facts: Facts) -> str:
-    return f"rank {facts['rank']} ({facts.get('hostname') or '?'}, {facts.get('address') or 'no route'})"
+    rank = facts["rank"] if facts.get("rank") is not None else "auto"
+    return f"rank {rank} ({facts.get('hostname') or '?'}, {facts.get('address') or 'no route'})"
 
 
 def check_all(nodes: list[Facts], master_host: str) -> list[Finding]:

@@ -37,7 +37,7 @@ IFNAME_VARIABLES = cluster_checks.IFNAME_VARIABLES
 @dataclass(frozen=True)
 class Options:
     nodes: int
-    rank: int
+    rank: int | None  # None: a worker whose rank the master gives (--node-rank auto)
     master_host: str
     master_port: int
     timeout_s: float = 30.0
@@ -49,6 +49,7 @@ class ClusterReport:
     findings: list[Finding]
     nodes: int
     joined: list[int]
+    rank: int | None = None  # this node's (the master's numbering with --node-rank auto; None: it never joined)
     interface: str | None = None  # this node's: the one its route to the master takes
     env: dict[str, str] = field(default_factory=dict)  # what the trainer should be given on this node
 
@@ -65,11 +66,20 @@ def parse_master(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def parse_rank(text: str) -> int | None:
+    if text == "auto":
+        return None
+    if not text.lstrip("-").isdigit():
+        raise ValueError(f"--node-rank {text!r}: give a number (0 on the master) or auto")
+    return int(text)
+
+
 def check_options(options: Options) -> None:
     if options.nodes < 1:
         raise ValueError(f"--nodes {options.nodes}: give the number of nodes, at least 1")
-    if not 0 <= options.rank < options.nodes:
-        raise ValueError(f"--node-rank {options.rank}: give 0 to {options.nodes - 1} (0 on the master)")
+    if options.rank is not None and not 0 <= options.rank < options.nodes:
+        raise ValueError(f"--node-rank {options.rank}: give 0 to {options.nodes - 1} (0 on the master), or auto on "
+                         "a worker")
     if options.timeout_s <= 0:
         raise ValueError(f"--timeout {options.timeout_s:g}: give seconds, more than 0")
 
@@ -94,7 +104,7 @@ def _master(options: Options, own: dict[str, Any]) -> ClusterReport:
         finding = Finding(AREA, "master port", "fail", f"cannot listen on port {options.master_port}: "
                           f"{(exc.strerror or str(exc)).lower()}", "pick a free port for --master (`ss -ltn` lists "
                           "those in use)", node=cluster_checks.label(own))
-        return ClusterReport([finding], options.nodes, [0])
+        return ClusterReport([finding], options.nodes, [0], rank=0)
     peers, facts = _join(listener, options, own)
     listener.close()
     findings = _missing(options, facts)
@@ -104,10 +114,10 @@ def _master(options: Options, own: dict[str, Any]) -> ClusterReport:
     findings += _ports(options, peers, facts)
     findings += cluster_checks.check_all(list(facts.values()), options.master_host)
     findings += _collectives(options, peers, facts, findings)
-    for channel in peers.values():
-        channel.send({"verdict": [asdict(f) for f in findings]})
+    for rank, channel in peers.items():
+        channel.send({"verdict": [asdict(f) for f in findings], "rank": rank})
         channel.close()
-    return ClusterReport(findings, options.nodes, sorted(facts))
+    return ClusterReport(findings, options.nodes, sorted(facts), rank=0)
 
 
 def _join(listener, options: Options, own: dict[str, Any]):
@@ -119,7 +129,10 @@ def _join(listener, options: Options, own: dict[str, Any]):
         if channel is None:
             break
         hello = channel.receive(time.monotonic() + rendezvous.PORT_PROBE_S)
-        rank = hello.get("facts", {}).get("rank") if hello else None
+        rank = hello.get("facts", {}).get("rank", -1) if hello else -1
+        if rank is None:  # --node-rank auto: the highest free rank (give every worker auto, or none)
+            rank = max(r for r in range(1, options.nodes) if r not in facts)
+            hello["facts"]["rank"] = rank
         if not isinstance(rank, int) or rank in facts or not 0 < rank < options.nodes:
             channel.send({"refused": f"rank {rank} is taken or out of range 1..{options.nodes - 1}"})
             channel.close()
@@ -160,8 +173,8 @@ def _ports(options: Options, peers: dict[int, rendezvous.Channel], facts) -> lis
     if not peers:
         return []
     held = _probe_listeners(options)
-    for channel in peers.values():
-        channel.send({"probe": sorted(held)})
+    for channel in peers.values():  # its own address: a Service in front of it forwards the rendezvous port only
+        channel.send({"probe": sorted(held), "host": facts[0].get("address") or options.master_host})
     deadline = time.monotonic() + rendezvous.PORT_PROBE_S + 5
     findings = []
     for rank, channel in peers.items():
@@ -192,10 +205,11 @@ def _collectives(options: Options, peers, facts: dict[int, Any], before: list[Fi
                         "run the pre-flight where the trainer runs (the image, or the runtime's venv: "
                         "installer/install.sh --extras runtime)")]
     nccl = options.nccl if options.nccl is not None else all(f.get("gpus") for f in facts.values())
-    order = {"store_port": options.master_port + 1, "nccl": nccl}
-    for channel in peers.values():
-        channel.send({"collective": order})
-    results = {0: run_probe(options, options.master_host, order)}
+    order = {"store_port": options.master_port + 1, "nccl": nccl,
+             "host": facts[0].get("address") or options.master_host}
+    for rank, channel in peers.items():
+        channel.send({"collective": order, "rank": rank})
+    results = {0: run_probe(options, 0, order)}
     deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S + PROBE_STARTUP_S + 5
     for rank, channel in peers.items():
         results[rank] = (channel.receive(deadline) or {}).get("result") or {
@@ -221,10 +235,10 @@ def collective_findings(results: dict[int, dict], facts: dict[int, Any], nccl: b
     return findings
 
 
-def run_probe(options: Options, master_ip: str, order: dict[str, Any]) -> dict[str, Any]:
+def run_probe(options: Options, rank: int, order: dict[str, Any]) -> dict[str, Any]:
     """verl_runtime.collective_probe in a subprocess (torch stays out of this process), within a hard limit."""
-    argv = [sys.executable, "-m", "verl_runtime.collective_probe", "--master", master_ip, "--port",
-            str(order["store_port"]), "--rank", str(options.rank), "--world", str(options.nodes),
+    argv = [sys.executable, "-m", "verl_runtime.collective_probe", "--master", order["host"], "--port",
+            str(order["store_port"]), "--rank", str(rank), "--world", str(options.nodes),
             "--timeout", str(COLLECTIVE_TIMEOUT_S)] + (["--nccl"] if order.get("nccl") else [])
     env = {**os.environ, "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "INFO"),
            "NCCL_DEBUG_SUBSYS": os.environ.get("NCCL_DEBUG_SUBSYS", "INIT,NET")}
@@ -254,25 +268,27 @@ def _node(options: Options, own: dict[str, Any]) -> ClusterReport:
             remedy = "--master is a loopback address here: give the master's address on the network the nodes share"
         finding = Finding(AREA, "join", "fail", f"cannot reach the master {options.master_host}:{options.master_port} "
                           f"within {options.timeout_s:g} s: {error}", remedy, node=label)
-        return ClusterReport(cluster_checks.names_and_route(own, options.master_host) + [finding], options.nodes, [])
+        return ClusterReport(cluster_checks.names_and_route(own, options.master_host) + [finding], options.nodes, [],
+                             rank=options.rank)
     channel.send({"facts": own})
     # The master waits up to --timeout for the others, then probes and runs the collectives.
     deadline = time.monotonic() + options.timeout_s + rendezvous.PORT_PROBE_S + COLLECTIVE_TIMEOUT_S \
         + PROBE_STARTUP_S + 20
     while (message := channel.receive(deadline)) is not None:
         if "probe" in message:
-            channel.send({"ports": rendezvous.probe_ports(address, message["probe"])})
+            channel.send({"ports": rendezvous.probe_ports(message["host"], message["probe"])})
         elif "collective" in message:
-            channel.send({"result": run_probe(options, address, message["collective"])})
+            channel.send({"result": run_probe(options, message["rank"], message["collective"])})
         elif "verdict" in message:
             channel.close()
-            return ClusterReport([Finding(**f) for f in message["verdict"]], options.nodes, [])
+            return ClusterReport([Finding(**f) for f in message["verdict"]], options.nodes, [], rank=message["rank"])
         elif "refused" in message:
             break
     channel.close()
     said = (message or {}).get("refused", "it stopped answering")
     return ClusterReport([Finding(AREA, "join", "fail", f"the master gave no verdict: {said}",
-                                  "see the master's (rank 0's) output", node=label)], options.nodes, [])
+                                  "see the master's (rank 0's) output", node=label)], options.nodes, [],
+                         rank=options.rank)
 
 
 def write_env(report: ClusterReport, path: Path) -> None:

@@ -51,18 +51,22 @@ def to_table(findings: list[Finding], recommended_variant: str):
     return table
 
 
-def cluster_lines(report, rank: int) -> str:
-    """The multi-node pre-flight (multinode.ClusterReport) as one line per finding, worst first, and a verdict."""
+def cluster_lines(report) -> str:
+    """The multi-node pre-flight (multinode.ClusterReport) as one line per finding, worst first, and the verdict.
+    The master prints every finding; another node only those about itself (N copies in one job log help no one)."""
     order = {"fail": 0, "warn": 1, "skip": 2, "ok": 3}
+    own = f"rank {report.rank} " if report.rank is not None else "rank auto "
+    shown = [f for f in report.findings if report.rank == 0 or (f.node or "").startswith(own) or
+             (f.node or "") == own.strip()]
     lines = []
-    for f in sorted(report.findings, key=lambda f: order[f.status]):
+    for f in sorted(shown, key=lambda f: order[f.status]):
         where = f"{f.node}: " if f.node else ""
         fix = f" -> {f.remedy}" if f.remedy and f.status in ("fail", "warn") else ""
         lines.append(f"{f.status.upper():4} {f.name}: {where}{f.message}{fix}")
     fails = sum(f.status == "fail" for f in report.findings)
-    verdict = "ready" if not fails else f"not ready: {fails} fail line(s) above"
-    who = "the cluster" if rank == 0 else f"the cluster (rank {rank}: the master's verdict)"
-    lines.append(f"verl-deploy doctor --nodes {report.nodes}: {who} is {verdict}")
+    verdict = "ready" if not fails else f"not ready: {fails} fail line(s)"
+    who = "" if report.rank == 0 else f" (the master's verdict, seen from {own.strip()})"
+    lines.append(f"verl-deploy doctor --nodes {report.nodes}: the cluster is {verdict}{who}")
     return "\n".join(lines)
 
 
