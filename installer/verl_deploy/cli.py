@@ -167,6 +167,7 @@ def run(
     detach: bool = typer.Option(False, "--detach", "-d", help="Start and return; follow with `verl-deploy logs -f RUN`."),
     runtime: str = typer.Option(None, "--runtime", help="verl-deploy (this project's trainer, the default) or verl: upstream verl's main_ppo in its image, with the overrides as verl takes them (docs/verl-runtime.md)."),
     no_plan: bool = typer.Option(False, "--no-plan", help="Skip the memory pre-flight (`verl-deploy plan`) that refuses a run which cannot fit."),
+    no_preflight: bool = typer.Option(False, "--no-preflight", help="Several nodes: skip the pre-flight across them (`verl-deploy doctor --nodes`, docs/multinode.md) that runs before Ray and the trainer."),
     partition: str = typer.Option(None, "--partition", help="slurm: the partition (default: the cluster's)."),
     account: str = typer.Option(None, "--account", help="slurm: the account the job is charged to."),
     time_limit: str = typer.Option(None, "--time", help="slurm: the job's time limit, e.g. 4:00:00 or 2-00:00:00."),
@@ -201,6 +202,10 @@ def run(
             say(f"resume {resume}: {change}")
         spec, not_planned = prepare.prepare(planned, root, source=source, entry=entry, image_given=image is not None,
                                             dry_run=dry_run, no_plan=no_plan, say=say)
+        if no_preflight:
+            import dataclasses
+
+            spec = dataclasses.replace(spec, preflight=False)
         launcher = get_launcher(planned.target, root, spec.namespace, slurm=planned.slurm)
         if dry_run:
             text = launcher.dry_run(spec)  # a run the launcher refuses says only why
