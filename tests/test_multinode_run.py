@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import require
@@ -100,3 +101,37 @@ def test_without_a_fault_the_run_trains_across_the_namespaces(cluster, tmp_path)
     for node in cluster.nodes:
         assert (tmp_path / "runs" / "mn-ok" / "preflight" / f"{node.hostname}.env").read_text() == \
             "GLOO_SOCKET_IFNAME=eth0\nNCCL_SOCKET_IFNAME=eth0\n"
+
+
+def _ray_node(cluster: Cluster, node, argv: list[str], log) -> subprocess.Popen:
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    return subprocess.Popen(cluster.command(node, [ray_cli, "start", *argv, "--num-cpus=1", "--block"]),
+                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+
+
+def test_the_preflight_of_a_ray_cluster_runs_a_task_on_each_node(cluster, tmp_path):
+    """What the KubeRay RayJob's entrypoint and the Docker target's Ray head run before the trainer
+    (verl_runtime.preflight_ray), on a Ray cluster whose head and worker are in different namespaces."""
+    head, worker = cluster.nodes
+    log = tmp_path / "ray.log"
+    with open(log, "w") as out:
+        _ray_node(cluster, head, ["--head", "--port=6379", f"--node-ip-address={head.address}",
+                                  "--include-dashboard=false", "--disable-usage-stats"], out)
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(1)
+        _ray_node(cluster, worker, [f"--address={head.address}:6379"], out)
+
+    def preflight() -> tuple[int, str]:
+        done = subprocess.run(cluster.command(head, [sys.executable, "-m", "verl_runtime.preflight_ray", "--nodes",
+                                                     "2"]), capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "RAY_ADDRESS": f"{head.address}:6379", "RAY_AUTH_MODE": "disabled"})
+        return done.returncode, done.stdout + done.stderr
+
+    code, output = preflight()
+    assert code == 0, output[-3000:]
+    assert "rank 1 (node1, 10.231." in output and "verl-deploy doctor --nodes 2: the cluster is ready" in output
+    cluster.inside(worker, "ip", "link", "set", worker.veth, "mtu", "1400")
+    code, output = preflight()
+    assert code == 1 and "FAIL MTU: rank 1 (node1, 10.231." in output, output[-3000:]

@@ -4,10 +4,10 @@ first), the KubeRay RayJob (each pod before `ray start`). `run --no-preflight` l
 
 from __future__ import annotations
 
-# The rendezvous port on the head. torchrun's default rendezvous port: our trainer meets through Ray, not torchrun,
-# so nothing of the run listens there; the pre-flight also takes the next one (gloo's store), and ends before Ray.
-PORT = 29400
-TIMEOUT_S = 30  # the nodes of one job start within seconds of each other; a missing one is named after this
+import shlex
+
+from verl_deploy.launchers.jobspec import JobSpec
+from verl_runtime.preflight_ray import PORT, TIMEOUT_S  # the rendezvous port on the head; the nodes' wait
 
 
 def doctor_argv(python: str, nodes: int, rank: str, master_host: str, env_file: str | None = None) -> list[str]:
@@ -15,3 +15,11 @@ def doctor_argv(python: str, nodes: int, rank: str, master_host: str, env_file: 
     argv = [python, "-m", "verl_deploy", "doctor", "--nodes", str(nodes), "--node-rank", rank,
             "--master", f"{master_host}:{PORT}", "--timeout", str(TIMEOUT_S)]
     return argv + (["--env-file", env_file] if env_file else [])
+
+
+def ray_step(spec: JobSpec) -> str | None:
+    """The shell line that runs the pre-flight on a Ray cluster that is up, before its trainer (verl_runtime's
+    preflight_ray: a task on each node); None where none runs (one node, --no-preflight, upstream verl's image)."""
+    if spec.nodes == 1 or not spec.preflight or spec.upstream:
+        return None
+    return shlex.join(["python", "-m", "verl_runtime.preflight_ray", "--nodes", str(spec.nodes)])
