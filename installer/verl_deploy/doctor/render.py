@@ -20,8 +20,8 @@ def to_json(findings: list[Finding], recommended_variant: str) -> str:
         "ok": counts["fail"] == 0,
         "summary": counts,
         "recommended_variant": recommended_variant,
-        "findings": [asdict(f) for f in findings],
-    }
+        "findings": [{key: value for key, value in asdict(f).items() if key != "node"} for f in findings],
+    }  # one host: no node to name (the multi-node pre-flight's document has one: cluster_json)
     return json.dumps(document, indent=2)
 
 
