@@ -6,6 +6,7 @@ the tests' fixtures call even when a test fails."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 NETNS_ETC = Path("/etc/netns")
+_MADE = itertools.count()  # each cluster of a test session gets names of its own (a closed one's may linger)
 
 
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -46,6 +48,7 @@ class Cluster:
 
     def __post_init__(self) -> None:
         subnet = 10 + os.getpid() % 200  # a distinct /24 per test process, so that parallel sessions never meet
+        self.tag = f"{self.tag}{next(_MADE)}"
         self.bridge = f"vdbr{self.tag}"
         for rank in range(self.size):
             self.nodes.append(Node(rank, f"vd{self.tag}n{rank}", f"node{rank}", f"10.231.{subnet}.{rank + 1}", "eth0"))
@@ -91,6 +94,7 @@ class Cluster:
         for node in self.nodes:
             for pid in sh("ip", "netns", "pids", node.namespace, check=False).stdout.split():
                 sh("kill", "-9", pid, check=False)
+            sh("ip", "link", "del", f"vd{self.tag}h{node.rank}", check=False)  # both ends, even while it dies
             sh("ip", "netns", "del", node.namespace, check=False)
             shutil.rmtree(NETNS_ETC / node.namespace, ignore_errors=True)
         sh("ip", "link", "del", self.bridge, check=False)

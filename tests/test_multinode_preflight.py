@@ -9,13 +9,12 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import require
 from netns_cluster import Cluster, usable
 
-REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # seconds each, as root; the verdicts' fast tests: tests/test_preflight_verdicts.py
 PORT = 29400
 JOIN_TIMEOUT_S = 10  # a missing node or a blocked port is named after this
 

@@ -1,7 +1,12 @@
 """The pre-flight's verdicts on the nodes' facts and on NCCL's INFO lines (tests/fixtures/nccl/), without a
 cluster: what each node reported in, what the master says back."""
 
+import json
 from pathlib import Path
+
+import pytest
+from conftest import free_port
+from launch_support import cli
 
 from verl_deploy.doctor import cluster_checks, multinode, nccl_log
 
@@ -109,3 +114,30 @@ def test_sockets_beside_infiniband_devices_warn_and_a_failed_all_reduce_fails():
     assert nccl_log.verdicts({"ok": True}, log, ib, "rank 0")[0].name == "nccl transport"
     failed = nccl_log.verdicts({"ok": False, "error": "DistBackendError: NCCL timeout"}, "", node(0), "rank 0")
     assert failed[0].status == "fail" and "NCCL timeout" in failed[0].message
+
+
+def test_rank_0_away_from_the_master_address_is_named():
+    away = node(0, address="10.0.0.9", resolved="10.0.0.9")
+    [finding] = failing(cluster_checks.names_and_route(away, "10.0.0.1"))
+    assert finding.message == "--master 10.0.0.1 is 10.0.0.1, not an address of this node (rank 0)"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--nodes", "2"], "needs both --nodes N and --master ADDR:PORT"),
+    (["--nodes", "2", "--master", "10.0.0.1"], "--master '10.0.0.1': give ADDR:PORT"),
+    (["--nodes", "2", "--node-rank", "2", "--master", "127.0.0.1:29400"], "--node-rank 2: give 0 to 1"),
+    (["--nodes", "0", "--master", "127.0.0.1:29400"], "--nodes 0: give the number of nodes"),
+    (["--nodes", "2", "--node-rank", "first", "--master", "127.0.0.1:29400"], "give a number (0 on the master) or auto"),
+])
+def test_bad_input_is_one_line_and_exit_2(flags, says):
+    result = cli("doctor", *flags)
+    assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output, result.output
+
+
+def test_one_node_on_loopback_passes_with_the_gloo_check(tmp_path):
+    result = cli("doctor", "--nodes", "1", "--master", f"127.0.0.1:{free_port()}", "--json", "--env-file", tmp_path / "env")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["ok"] and document["joined"] == [0] and document["interface"] == "lo"
+    assert any(f["name"] == "gloo" and f["status"] == "ok" for f in document["findings"])
+    assert (tmp_path / "env").read_text().startswith("GLOO_SOCKET_IFNAME=lo\n")

@@ -100,6 +100,11 @@ def names_and_route(facts: Facts, master_host: str) -> list[Finding]:
                                 f"{master_host} does not resolve here: {facts.get('master_error')}",
                                 f"give --master as an IP address, or add {master_host} to this node's /etc/hosts",
                                 node=node))
+    elif facts["rank"] == 0 and facts.get("interface") != LOOPBACK and facts.get("address") != facts["master_ip"]:
+        findings.append(Finding(AREA, "master address", "fail",
+                                f"--master {master_host} is {facts['master_ip']}, not an address of this node (rank 0)",
+                                f"run rank 0 on {master_host}, or give --master this node's address "
+                                f"{facts.get('address')}", node=node))
     elif facts.get("interface") is None:
         findings.append(Finding(AREA, "route", "fail", f"no route to the master {facts['master_ip']}",
                                 f"check `ip route get {facts['master_ip']}` on this node", node=node))
