@@ -139,3 +139,17 @@ def test_a_blocked_port_of_the_master_besides_the_rendezvous_is_named(cluster):
     assert code == 1 and elapsed < 60
     line = next(line for line in fails(output) if line.startswith("FAIL ports"))
     assert "rank 2 (node2, 10.231." in line and "port 6379 (Ray's GCS): timed out" in line
+
+
+def test_a_node_whose_collective_ports_are_dropped_fails_the_gloo_check_within_its_timeout(cluster):
+    """Everything before passes (the master's ports are open), but no node can connect to node 1's own listening
+    ports, where gloo's full mesh meets it: the all_reduce ends at its timeout of seconds, named, not a hang."""
+    low, high = (cluster.inside(cluster.nodes[1], "cat", "/proc/sys/net/ipv4/ip_local_port_range").stdout.split())
+    # new connections only (--syn): its own connections out, whose replies come back to such ports, still work
+    cluster.inside(cluster.nodes[1], "iptables", "-A", "INPUT", "-p", "tcp", "--syn", "--dport", f"{low}:{high}",
+                   "-j", "DROP")
+    results, elapsed = doctor(cluster)
+    code, output = results[0]
+    assert code == 1 and elapsed < 60, (elapsed, output)
+    assert "OK   ports" in output
+    assert any(line.startswith("FAIL gloo: rank") and "all_reduce/barrier failed" in line for line in fails(output)), output

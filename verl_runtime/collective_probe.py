@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import threading
 import time
 from datetime import timedelta
 
@@ -50,15 +52,35 @@ def _nccl(rank: int, world: int, timeout: timedelta) -> dict:
     return {"ok": True, "seconds": round(seconds, 4), "busbw_gbps": round(algbw * 2 * (world - 1) / world, 2)}
 
 
+def _watchdog(result: dict, stage: list[str], seconds: float) -> threading.Timer:
+    """gloo's connect to a peer whose port is dropped can outlast the group's timeout: after `seconds` the probe
+    reports where it was stuck and ends, so the finding comes in seconds, never a hang."""
+    def fire() -> None:
+        key = "nccl" if stage[0].startswith("nccl") else "gloo"
+        result[key] = {"ok": False, "error": f"stuck for {seconds:g} s in {stage[0]}: a node cannot reach another's "
+                                             "ports"}
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
+        os._exit(0)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def probe(master: str, port: int, rank: int, world: int, timeout_s: float, nccl: bool) -> dict:
     import torch.distributed as dist
 
     timeout = timedelta(seconds=timeout_s)
     result: dict = {"rank": rank}
+    stage = ["gloo's rendezvous and full mesh (init_process_group)"]
+    _watchdog(result, stage, timeout_s + 5)
     try:
         store = dist.TCPStore(master, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        stage[0] = "gloo's all_reduce and barrier"
         result["gloo"] = _gloo(rank, world, timeout)
+        stage[0] = "nccl's all_reduce"
     except Exception as exc:  # every failure is the finding: report it, never hang
         result["gloo"] = {"ok": False, "error": _one_line(exc)}
         return result

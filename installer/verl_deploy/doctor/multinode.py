@@ -30,7 +30,7 @@ RAY_GCS_PORT = 6379
 EPHEMERAL_SAMPLE = 2
 COLLECTIVE_TIMEOUT_S = 15.0
 # Importing torch (seconds, more on a busy node) comes on top of the collectives' own timeout.
-PROBE_STARTUP_S = 40.0
+PROBE_STARTUP_S = 30.0
 IFNAME_VARIABLES = cluster_checks.IFNAME_VARIABLES
 
 
