@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Iterator
 
 from verl_deploy import runs, sizes
-from verl_deploy.launchers import preflight
 from verl_deploy.launchers.jobspec import JobSpec, LaunchError, remove_run_dir
 from verl_deploy.runs import RunStatus
 from verl_runtime.rundir import JOB_EXIT, JOB_LOG, JOB_SCRIPT
@@ -195,6 +194,8 @@ def _preflight(spec: JobSpec, options: SlurmOptions, env: dict[str, str], exit_r
     """The pre-flight across the nodes, one task on each, before Ray and the trainer (launchers/preflight.py). In a
     venv (--container none) each node's doctor writes what it decided for its trainer (the interface, where
     GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME are unset) to a file the node's Ray process then reads."""
+    from verl_deploy.launchers import preflight
+
     none = options.mode == "none"
     env_file = f"{spec.run_dir / PREFLIGHT_DIR}/$SLURMD_NODENAME.env" if none else None
     argv = preflight.doctor_argv(options.python if none else "python", spec.nodes, "$SLURM_NODEID",
