@@ -13,6 +13,10 @@ command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
 # A real browser for `verl-deploy report`'s test (tests/test_report.py): Debian's headless Chromium
 command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 || need+=(chromium-headless-shell)
+# Network namespaces as nodes for the multi-node tests (tests/netns_cluster.py): ip, iptables, unshare
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null

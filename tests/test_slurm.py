@@ -56,6 +56,11 @@ def test_two_nodes_of_eight_gpus_ask_slurm_for_both_and_start_ray_across_them(tm
     assert 'ray start "--address=$RAY_ADDRESS" --block' in script
     assert "trainer.n_workers=16" in script  # world size: nodes x GPUs
     assert 'RAY_ADDRESS="$RAY_ADDRESS"' in script.split("trainer.n_workers=16")[0].splitlines()[-1]
+    # the pre-flight across the nodes comes first, one task per node, and ends the job when it fails
+    preflight = script.split("ray start --head")[0]
+    assert ('srun --nodes=2 --ntasks=2 --ntasks-per-node=1 bash -c' in preflight and '-m verl_deploy doctor --nodes 2 '
+            '--node-rank "$SLURM_NODEID" --master "$VERL_DEPLOY_HEAD_IP:29400" --timeout 30' in preflight)
+    assert "the pre-flight across the nodes failed: no trainer started" in preflight
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
 
 
@@ -274,7 +279,8 @@ def test_two_node_script_starts_ray_on_both_nodes_trains_across_them_and_tears_d
     monkeypatch.setattr(slurm_launcher, "RAY_PORT", free_port())  # not 6379: other Ray clusters may run here
     runs, run_id = tmp_path / "runs", "sl-two"
     rendered = cli("run", QUICKSTART, "--target", "slurm", "--nodes", "2", "--runs-dir", runs, "--run-id", run_id,
-                   "--dry-run", *SHORT, "--set", "trainer.total_training_steps=2", "--set", "trainer.n_workers=2",
+                   "--dry-run", "--no-preflight",  # one host: tests/test_multinode_run.py has the pre-flight
+                   *SHORT, "--set", "trainer.total_training_steps=2", "--set", "trainer.n_workers=2",
                    # a whole node's CPUs per worker: the two workers can only be placed one on each node
                    "--set", f"trainer.cpus_per_worker={os.cpu_count()}")
     assert rendered.exit_code == 0, rendered.output

@@ -37,11 +37,21 @@ def doctor(
         None, "--nvml-reading", envvar="VERL_DEPLOY_NVML_READING", hidden=True,
         help="Replay a recorded NVML reading (JSON) instead of asking this host's driver.",
     ),
+    nodes: int = typer.Option(None, "--nodes", help="Pre-flight across N nodes (run it on each, as torchrun)."),
+    node_rank: str = typer.Option("0", "--node-rank", help="This node's rank with --nodes: 0 on the master; 1..N-1, "
+                                  "or auto (the master numbers it), on the others."),
+    master: str = typer.Option(None, "--master", help="ADDR:PORT where the nodes meet (rank 0's address)."),
+    timeout: float = typer.Option(30.0, "--timeout", help="Seconds the nodes wait for each other with --nodes."),
+    env_file: Path = typer.Option(None, "--env-file", help="With --nodes: write what the trainer should be given "
+                                  "here (GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME where unset) when all passes."),
 ) -> None:
-    """Is this host ready? Driver, CUDA, GPUs, PyTorch, Docker, GPU runtime, cluster. Exit 1 when a check fails."""
+    """Is this host ready? Driver, CUDA, GPUs, PyTorch, Docker, GPU runtime, cluster. Exit 1 when a check fails.
+    With --nodes N --node-rank R --master ADDR:PORT: the pre-flight across the nodes of a run (docs/multinode.md)."""
     from verl_deploy.doctor import diagnose
     from verl_deploy.doctor.render import to_json, to_table
 
+    if nodes is not None or master is not None:
+        raise typer.Exit(_preflight(nodes, node_rank, master, timeout, json_output, env_file))
     try:
         report = diagnose(nvml_reading=nvml_reading, k8s=k8s, gpu_smoke=gpu_smoke)
     except ValueError as exc:
@@ -53,6 +63,27 @@ def doctor(
 
         Console().print(to_table(report.findings, report.recommended_variant))
     raise typer.Exit(report.exit_code)
+
+
+def _preflight(nodes: int | None, node_rank: str, master: str | None, timeout: float, json_output: bool,
+               env_file: Path | None) -> int:
+    from verl_deploy.doctor import multinode
+    from verl_deploy.doctor.render import cluster_json, cluster_lines
+
+    if nodes is None or master is None:
+        typer.echo("error: the pre-flight needs both --nodes N and --master ADDR:PORT (with --node-rank R)", err=True)
+        return 2
+    try:
+        host, port = multinode.parse_master(master)
+        rank = multinode.parse_rank(node_rank)
+        report = multinode.run(multinode.Options(nodes, rank, host, port, timeout))
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 2
+    typer.echo(cluster_json(report) if json_output else cluster_lines(report))
+    if env_file is not None and report.exit_code == 0:
+        multinode.write_env(report, env_file)
+    return report.exit_code
 
 
 @app.command()
@@ -136,6 +167,7 @@ def run(
     detach: bool = typer.Option(False, "--detach", "-d", help="Start and return; follow with `verl-deploy logs -f RUN`."),
     runtime: str = typer.Option(None, "--runtime", help="verl-deploy (this project's trainer, the default) or verl: upstream verl's main_ppo in its image, with the overrides as verl takes them (docs/verl-runtime.md)."),
     no_plan: bool = typer.Option(False, "--no-plan", help="Skip the memory pre-flight (`verl-deploy plan`) that refuses a run which cannot fit."),
+    no_preflight: bool = typer.Option(False, "--no-preflight", help="Several nodes: skip the pre-flight across them (`verl-deploy doctor --nodes`, docs/multinode.md) that runs before Ray and the trainer."),
     partition: str = typer.Option(None, "--partition", help="slurm: the partition (default: the cluster's)."),
     account: str = typer.Option(None, "--account", help="slurm: the account the job is charged to."),
     time_limit: str = typer.Option(None, "--time", help="slurm: the job's time limit, e.g. 4:00:00 or 2-00:00:00."),
@@ -170,6 +202,10 @@ def run(
             say(f"resume {resume}: {change}")
         spec, not_planned = prepare.prepare(planned, root, source=source, entry=entry, image_given=image is not None,
                                             dry_run=dry_run, no_plan=no_plan, say=say)
+        if no_preflight:
+            import dataclasses
+
+            spec = dataclasses.replace(spec, preflight=False)
         launcher = get_launcher(planned.target, root, spec.namespace, slurm=planned.slurm)
         if dry_run:
             text = launcher.dry_run(spec)  # a run the launcher refuses says only why

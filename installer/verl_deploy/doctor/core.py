@@ -26,6 +26,7 @@ class Finding:
     status: Status
     message: str
     remedy: str | None = None
+    node: str | None = None  # multi-node pre-flight: "rank 1 (host, address)", the node the finding is about
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -20,8 +20,8 @@ def to_json(findings: list[Finding], recommended_variant: str) -> str:
         "ok": counts["fail"] == 0,
         "summary": counts,
         "recommended_variant": recommended_variant,
-        "findings": [asdict(f) for f in findings],
-    }
+        "findings": [{key: value for key, value in asdict(f).items() if key != "node"} for f in findings],
+    }  # one host: no node to name (the multi-node pre-flight's document has one: cluster_json)
     return json.dumps(document, indent=2)
 
 
@@ -49,3 +49,37 @@ def to_table(findings: list[Finding], recommended_variant: str):
     table.caption = f"{counts} — {verdict}; image variant for this host: {recommended_variant}"
     table.caption_justify = "left"
     return table
+
+
+def cluster_lines(report) -> str:
+    """The multi-node pre-flight (multinode.ClusterReport) as one line per finding, worst first, and the verdict.
+    The master prints every finding; another node only those about itself (N copies in one job log help no one)."""
+    order = {"fail": 0, "warn": 1, "skip": 2, "ok": 3}
+    own = f"rank {report.rank} " if report.rank is not None else "rank auto "
+    shown = [f for f in report.findings if report.rank == 0 or (f.node or "").startswith(own) or
+             (f.node or "") == own.strip()]
+    lines = []
+    for f in sorted(shown, key=lambda f: order[f.status]):
+        where = f"{f.node}: " if f.node else ""
+        fix = f" -> {f.remedy}" if f.remedy and f.status in ("fail", "warn") else ""
+        lines.append(f"{f.status.upper():4} {f.name}: {where}{f.message}{fix}")
+    fails = sum(f.status == "fail" for f in report.findings)
+    verdict = "ready" if not fails else f"not ready: {fails} fail line(s)"
+    who = "" if report.rank == 0 else f" (the master's verdict, seen from {own.strip()})"
+    lines.append(f"verl-deploy doctor --nodes {report.nodes}: the cluster is {verdict}{who}")
+    return "\n".join(lines)
+
+
+def cluster_json(report) -> str:
+    counts = {status: sum(f.status == status for f in report.findings) for status in STATUSES}
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "verl_deploy_version": __version__,
+        "ok": counts["fail"] == 0,
+        "nodes": report.nodes,
+        "joined": report.joined,
+        "interface": report.interface,
+        "summary": counts,
+        "findings": [asdict(f) for f in report.findings],
+    }
+    return json.dumps(document, indent=2)

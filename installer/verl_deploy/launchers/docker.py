@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from verl_deploy import runs
+from verl_deploy.launchers import preflight
 from verl_deploy.launchers.jobspec import (
     DATA_DIR, DEFAULT_SHM, MANAGED_LABEL, RUN_ID_LABEL, RUNS_DIR, SECRETS_DIR, STOP_GRACE_S, JobSpec, LaunchError,
     launch_fault, pools_line,
@@ -100,9 +101,10 @@ def _trainer_plans(spec: JobSpec) -> list[Plan]:
     )
     workers = [Plan(f"{spec.run_id}-worker-{i}", "ray-worker", [join], shell=True) for i in range(1, spec.nodes)]
     train = shlex.join(spec.command.shell)
+    checked = preflight.ray_step(spec)  # the pre-flight across the nodes, once the workers have joined
     start_head = (
         f"{shlex.join([*spec.command.secrets_loader, 'ray', 'start', '--head', f'--port={RAY_PORT}', '--disable-usage-stats'])} && "
-        f"exec env RAY_ADDRESS=127.0.0.1:{RAY_PORT} {train}"
+        + (f"{checked} && " if checked else "") + f"exec env RAY_ADDRESS=127.0.0.1:{RAY_PORT} {train}"
     )
     return [*workers, Plan(head, "ray-head", [start_head], shell=True)]
 

@@ -154,6 +154,7 @@ class JobSpec:
     shm_size: int | None = None  # bytes; None: the target's default (DEFAULT_SHM, or sized from the GPUs)
     ipc_host: bool = False
     nodes: int = 1
+    preflight: bool = True  # several nodes: the pre-flight across them first (launchers/preflight.py; --no-preflight)
     world_size: int | None = None  # trainer workers, one per GPU: --gpus x --nodes (None: the runtime decides)
     # trainer.mode=separate_async on GPUs: the rollout's own pool beside the trainer's (--gpus is the trainer's):
     # rollout.n_gpus_per_node GPUs on each of rollout.nnodes nodes; on one node, beside the trainer's GPUs

@@ -380,6 +380,8 @@ def ray_job(spec: JobSpec) -> dict:
     trainer on the head, which joins the cluster through RAY_ADDRESS (set by KubeRay)."""
     import shlex
 
+    from verl_deploy.launchers import preflight
+
     def template(name: str) -> dict:
         # The head fetches the models; the workers start when KubeRay brings them up, reading the shared cache.
         pod = pod_spec(spec, container(spec, name), None, fetch=name == "ray-head")
@@ -390,7 +392,8 @@ def ray_job(spec: JobSpec) -> dict:
         "kind": "RayJob",
         "metadata": _metadata(spec, spec.run_id),
         "spec": {
-            "entrypoint": shlex.join(spec.command.shell),
+            # the pre-flight across the nodes first, in a Ray task on each (launchers/preflight.py)
+            "entrypoint": " && ".join(filter(None, [preflight.ray_step(spec), shlex.join(spec.command.shell)])),
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "submitterPodTemplate": submitter_template(spec),

@@ -52,6 +52,7 @@ RUNNING_STATES = {"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "STOPPED", 
 # The containers' Hugging Face cache under the runs directory when --hf-cache names none: never a run id (those are
 # DNS labels, without '_'), so `runs` never takes it for a run.
 CACHE_DIR_NAME = "hf_cache"
+PREFLIGHT_DIR = "preflight"  # in the run directory: each node's decisions for its trainer (NODE.env)
 _TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^\d+-\d+$")  # sbatch's --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 
 
@@ -175,7 +176,8 @@ def in_container(spec: JobSpec, options: SlurmOptions, argv: list[str], env: dic
         return f"apptainer exec {shlex.join(flags)} \"$VERL_DEPLOY_IMAGE_URI\" {shlex.join(argv)}"
     flags = [f"--container-image={spec.image}", f"--container-mounts={_mounts_arg(spec)}",
              "--container-writable", "--no-container-mount-home"]
-    where = _workers_srun(spec) if role == "worker" else 'srun --overlap --nodes=1 --ntasks=1 -w "$VERL_DEPLOY_HEAD"'
+    where = {"worker": _workers_srun(spec), "preflight": _every_node_srun(spec)}.get(
+        role, 'srun --overlap --nodes=1 --ntasks=1 -w "$VERL_DEPLOY_HEAD"')
     return f"env {' '.join(shlex.quote(e) for e in exports)} {where} {shlex.join(flags)} {shlex.join(argv)}"
 
 
@@ -183,6 +185,39 @@ def _workers_srun(spec: JobSpec) -> str:
     """One task on each node but the first (the head's)."""
     others = spec.nodes - 1
     return f'srun --overlap --nodes={others} --ntasks={others} --ntasks-per-node=1 --exclude="$VERL_DEPLOY_HEAD"'
+
+
+def _every_node_srun(spec: JobSpec) -> str:
+    return f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1"
+
+
+def _preflight(spec: JobSpec, options: SlurmOptions, env: dict[str, str], exit_record: str) -> list[str]:
+    """The pre-flight across the nodes, one task on each, before Ray and the trainer (launchers/preflight.py). In a
+    venv (--container none) each node's doctor writes what it decided for its trainer (the interface, where
+    GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME are unset) to a file the node's Ray process then reads."""
+    from verl_deploy.launchers import preflight
+
+    none = options.mode == "none"
+    env_file = f"{spec.run_dir / PREFLIGHT_DIR}/$SLURMD_NODENAME.env" if none else None
+    argv = preflight.doctor_argv(options.python if none else "python", spec.nodes, "$SLURM_NODEID",
+                                 "$VERL_DEPLOY_HEAD_IP", env_file)
+    words = ("$SLURM_NODEID", f"$VERL_DEPLOY_HEAD_IP:{preflight.PORT}", env_file or "")
+    if options.mode == "pyxis":  # the container's shell reads each node's own $SLURM_NODEID
+        step = in_container(spec, options, ["bash", "-c", _expand(shlex.join(argv), words)], env, "preflight")
+    else:
+        step = f"{_every_node_srun(spec)} bash -c {shlex.quote(_expand(in_container(spec, options, argv, env, 'preflight'), words))}"
+    return [
+        "# The pre-flight across the nodes (verl-deploy doctor --nodes, docs/multinode.md), one task per node before",
+        "# Ray and the trainer: a failure ends the job here, one line per finding above (run --no-preflight skips it).",
+        f"{step} || {{ code=$?; echo \"[verl-deploy] job $SLURM_JOB_ID: the pre-flight across the nodes failed: no "
+        f"trainer started\"; {exit_record}; exit $code; }}",
+    ]
+
+
+def _preflight_env(spec: JobSpec) -> str:
+    """Reads what this node's pre-flight decided for its trainer (a venv's nodes: see _preflight)."""
+    path = f'"{spec.run_dir / PREFLIGHT_DIR}/$SLURMD_NODENAME.env"'
+    return f"if [ -f {path} ]; then set -a; . {path}; set +a; fi"
 
 
 def _python(spec: JobSpec, options: SlurmOptions) -> str:
@@ -224,9 +259,10 @@ def ray_worker(spec: JobSpec, options: SlurmOptions) -> list[str]:
     return [*_loader(spec, options), _ray(spec, options), "start", "--address=$RAY_ADDRESS", "--block"]
 
 
-def _expand(line: str) -> str:
+def _expand(line: str, words: tuple[str, ...] = ()) -> str:
     """shlex quotes $VARS in single quotes; the node's shell must expand these few (double quotes)."""
-    for word in ("--node-ip-address=$VERL_DEPLOY_HEAD_IP", "--address=$RAY_ADDRESS", "RAY_ADDRESS=$RAY_ADDRESS"):
+    for word in ("--node-ip-address=$VERL_DEPLOY_HEAD_IP", "--address=$RAY_ADDRESS", "RAY_ADDRESS=$RAY_ADDRESS",
+                 *filter(None, words)):
         line = line.replace(f"'{word}'", f'"{word}"')
     return line.replace("RAY_ADDRESS='$RAY_ADDRESS'", 'RAY_ADDRESS="$RAY_ADDRESS"')
 
@@ -251,12 +287,21 @@ def batch_script(spec: JobSpec, options: SlurmOptions) -> str:
                      f"{image}; else export VERL_DEPLOY_IMAGE_URI=docker://{image}; fi")
     if options.mode == "docker":  # a container a killed start left behind (docker run outlives a SIGKILL)
         lines.append(f"docker rm -f $(docker ps -aq --filter name=^{spec.run_id}-) >/dev/null 2>&1 || true")
+    exit_record = (f"printf '{{\"job_id\": \"%s\", \"restart\": %s, \"exit_code\": %s}}\\n' \"$SLURM_JOB_ID\" "
+                   f"\"${{SLURM_RESTART_COUNT:-0}}\" \"$code\" > {shlex.quote(str(exit_file))}.tmp && "
+                   f"mv {shlex.quote(str(exit_file))}.tmp {shlex.quote(str(exit_file))}")
     if spec.nodes > 1:
-        head, worker = _expand(in_container(spec, options, ray_head(spec, options), env, "head")), \
-            _expand(in_container(spec, options, ray_worker(spec, options), env, "worker"))
+        lines.append("export VERL_DEPLOY_HEAD_IP=$(hostname --ip-address | awk '{print $1}')")
+        checked = spec.preflight and not (spec.upstream and options.mode != "none")  # verl's image lacks the doctor
+        if checked:
+            lines += _preflight(spec, options, env, exit_record)
+        worker_line = in_container(spec, options, ray_worker(spec, options), env, "worker")
+        if checked and options.mode == "none":
+            lines.append(_preflight_env(spec))
+            worker_line = f"{_preflight_env(spec)}; {worker_line}"
+        head, worker = _expand(in_container(spec, options, ray_head(spec, options), env, "head")), _expand(worker_line)
         lines += [
             "# A Ray head here (the first node), workers on the other nodes; the trainer joins through RAY_ADDRESS.",
-            "export VERL_DEPLOY_HEAD_IP=$(hostname --ip-address | awk '{print $1}')",
             f"export RAY_ADDRESS=$VERL_DEPLOY_HEAD_IP:{RAY_PORT}",
             f"{head} &",
             "ray_head=$!",
@@ -288,9 +333,7 @@ def batch_script(spec: JobSpec, options: SlurmOptions) -> str:
         lines.append("kill $ray_workers $ray_head 2>/dev/null; wait $ray_workers $ray_head 2>/dev/null")
     lines += [
         "echo \"[verl-deploy] job $SLURM_JOB_ID: the trainer exited with code $code\"",
-        f"printf '{{\"job_id\": \"%s\", \"restart\": %s, \"exit_code\": %s}}\\n' \"$SLURM_JOB_ID\" "
-        f"\"${{SLURM_RESTART_COUNT:-0}}\" \"$code\" > {shlex.quote(str(exit_file))}.tmp && "
-        f"mv {shlex.quote(str(exit_file))}.tmp {shlex.quote(str(exit_file))}",
+        exit_record,
         "exit $code",
     ]
     return "\n".join(lines) + "\n"
