@@ -202,6 +202,7 @@ def test_kubernetes_gives_the_rollout_a_worker_group_of_its_own_on_a_ray_cluster
     assert groups["rollout"]["replicas"] == 1
     limits = lambda group: group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]  # noqa
     assert limits(groups["rollout"]) == "4" and limits(groups["workers"]) == "2"
+    assert "verl_runtime.preflight_ray --nodes 3 &&" in ray_job["spec"]["entrypoint"]  # the rollout's node too
     from test_k8s import validate
 
     validate(ray_job)  # KubeRay's RayJob CRD schema, and the official pod schema for each group's template

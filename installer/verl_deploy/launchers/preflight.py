@@ -22,4 +22,5 @@ def ray_step(spec: JobSpec) -> str | None:
     preflight_ray: a task on each node); None where none runs (one node, --no-preflight, upstream verl's image)."""
     if spec.nodes == 1 or not spec.preflight or spec.upstream:
         return None
-    return shlex.join(["python", "-m", "verl_runtime.preflight_ray", "--nodes", str(spec.nodes)])
+    nodes = spec.nodes + (spec.rollout_pool[0] if spec.rollout_gpus else 0)  # a RayJob's rollout group joins too
+    return shlex.join(["python", "-m", "verl_runtime.preflight_ray", "--nodes", str(nodes)])
