@@ -176,7 +176,7 @@ def test_the_tool_services_are_hardened_on_a_network_with_no_way_out(project):
         assert container["user"] != "0:0"
         assert set(container["networks"]) == {"tools"} and container["profiles"] == ["tools"]
         assert "secrets" not in container and container["environment"] == {"HOME": "/tmp", "PYTHONUNBUFFERED": "1"}
-        assert container["volumes"][0].endswith(":/data:ro") and container["image"].endswith("-cpu")
+        assert container["volumes"][0].endswith(":/data:ro") and container["image"].endswith("-services")
         args = service.args(getattr(defaults, name), service.port, host="0.0.0.0", in_container=True)
         assert container["entrypoint"] == ["python"]
         assert [a for a in container["command"] if a] == args + (["--corpus"] if name == "retriever" else [])
@@ -184,6 +184,9 @@ def test_the_tool_services_are_hardened_on_a_network_with_no_way_out(project):
         for trainer in ("trainer", "trainer-cpu"):
             assert services[trainer]["environment"][url_env(name)] == f"http://{name}:{service.port}"
             assert set(services[trainer]["networks"]) == {"default", "tools"}
+    assert services["sandbox"]["deploy"]["replicas"] == 1  # VERL_SANDBOX_REPLICAS: more behind the name `sandbox`
+    scaled = compose(project, "--profile", "tools", *CPU, "config", env={"VERL_SANDBOX_REPLICAS": "3"})
+    assert yaml.safe_load(scaled.stdout)["services"]["sandbox"]["deploy"]["replicas"] == 3, scaled.stderr
 
 
 def up_trainer(project, env, timeout=300) -> subprocess.CompletedProcess:

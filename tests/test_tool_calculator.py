@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 
 import pytest
 import torch
@@ -112,11 +113,12 @@ def test_the_agentic_quickstart_learns_to_call_the_tool_on_the_cpu(tmp_path, mon
 
 
 @pytest.mark.docker
-def test_the_agentic_quickstart_learns_in_docker_with_the_sandbox_as_a_container(tmp_path, cpu_image, docker_client,
-                                                                                leftovers, monkeypatch):
+def test_the_agentic_quickstart_learns_in_docker_with_the_sandbox_as_a_container(tmp_path, cpu_image, services_image,
+                                                                                docker_client, leftovers, monkeypatch):
     monkeypatch.chdir(REPO)
     runs = tmp_path / "runs"
     leftovers.append("calc-docker")
+    started = int(time.time()) - 1
     result = cli("run", EXAMPLE, "--target", "docker", "--image", cpu_image, "--runs-dir", runs, "--run-id",
                  "calc-docker", "--shm-size", "1g")
     assert result.exit_code == 0, result.output
@@ -125,3 +127,7 @@ def test_the_agentic_quickstart_learns_in_docker_with_the_sandbox_as_a_container
     _assert_it_learned_to_call(run_dir)
     assert not containers(docker_client, "calc-docker"), "the trainer's and the sandbox's containers are gone"
     assert not docker_client.networks.list(names=["calc-docker-services"])
+    created = docker_client.events(since=started, until=int(time.time()) + 1, decode=True, filters={
+        "type": "container", "event": "create", "label": "verl-deploy.run-id=calc-docker"})
+    images = {event["Actor"]["Attributes"]["name"]: event["Actor"]["Attributes"]["image"] for event in created}
+    assert images == {"calc-docker-sandbox": services_image, "calc-docker": cpu_image}  # the sandbox: no torch
