@@ -208,9 +208,9 @@ def main(argv=None) -> int:
         "sandbox_kills": stopped, "wall_s": round(wall, 1), "server_concurrency": None if args.url else args.server_concurrency,
         "mix": {name: share for name, (share, _, _) in MIX.items()}, "error_samples": tally.samples,
     }
-    print(json.dumps(figures, indent=2))
-    if args.json:
+    if args.json:  # first: a reader of the printed figures may stop reading early
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    print(json.dumps(figures, indent=2))
     return 0 if tally.errors == 0 and tally.lost == 0 else 1
 
 
