@@ -195,8 +195,12 @@ def nvidia_require_cuda(v: compat.Variant) -> str:
 
 
 def build_args(opts: BuildOptions) -> dict[str, str]:
-    """The Dockerfile's ARGs for this build: the variant's pins and what the labels say."""
+    """The Dockerfile's ARGs for this build: the variant's pins and what the labels say (the services image: the
+    labels' only, it has no pins)."""
     v = opts.variant
+    if v.name == SERVICES:
+        return {"BASE_IMAGE": opts.base_image, "VARIANT": v.name, "RUNTIME_VERSION": runtime_version(),
+                "RUNTIME_SOURCE": runtime_source()}
     return {
         "BASE_IMAGE": opts.base_image,
         "RUNTIME": v.runtime,
