@@ -147,3 +147,20 @@ def test_a_tool_loop_of_256_episodes_against_one_small_sandbox_answers_every_cal
     assert metrics["tool_calls/mean"] == 1 and metrics["tool_calls/errors"] == 0
     assert all("42" in text for text in tool_texts), [t for t in tool_texts if "42" not in t][:3]
     assert rejected > 0  # the burst did meet a full sandbox
+
+
+def test_the_retriever_is_served_the_same_way():
+    from verl_runtime.services import retriever
+
+    server = retriever.serve("127.0.0.1", 0, retriever.load_corpus(retriever.BUNDLED_CORPUS), concurrency=1, queue=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_port}"
+    try:
+        hits = client.post_json(base + "/retrieve", {"queries": ["capital of France"], "topk": 1}, timeout=10)
+        assert hits["result"][0][0]["id"] is not None
+        assert metric(base, "verl_deploy_service_requests_total", service="retriever", path="/retrieve", code="200") == 1
+        code, _, reply = post(base + "/elsewhere", {})
+        assert code == 404 and reply["message"] == "no such path /elsewhere: POST /retrieve, GET /health, GET /metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
