@@ -271,7 +271,7 @@ def test_a_failed_start_or_a_failed_trainer_is_a_nonzero_exit(project, docker_cl
 
 
 @pytest.mark.slow
-def test_the_sandbox_runs_beside_the_trainer_and_stops_with_it(project, docker_client, cpu_image):
+def test_the_sandbox_runs_beside_the_trainer_and_stops_with_it(project, docker_client, cpu_image, services_image):
     """docs/agentic.md's compose command: a multi-turn run with verl's SandboxFusion tool config (in the data folder)
     finds the sandbox container, points the tool at it, trains, and `--exit-code-from` stops the sandbox with it."""
     shutil.copy(REPO / "examples" / "tools" / "sandbox_fusion_tool_config.yaml", project / "data" / "tools.yaml")
@@ -280,7 +280,7 @@ def test_the_sandbox_runs_beside_the_trainer_and_stops_with_it(project, docker_c
     config["rollout"]["multi_turn"] = {"enable": True, "tool_config_path": "/data/tools.yaml", "max_assistant_turns": 2}
     config["services"] = {"sandbox": {"enable": True}}
     (project / "tiny.yaml").write_text(yaml.safe_dump(config))
-    env = {"VERL_IMAGE": cpu_image}
+    env = {"VERL_IMAGE": cpu_image, "VERL_SERVICES_IMAGE": services_image}  # the sandbox: the services image
     try:
         up = compose(project, "--profile", "tools", *CPU, "up", "--exit-code-from", "trainer-cpu", "trainer-cpu",
                      "sandbox", env=env, timeout=300)
