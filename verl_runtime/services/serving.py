@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 MAX_REQUEST_BYTES = 1 << 20
-RETRY_AFTER_S = 1  # what a turned-away request is told to wait at most (HTTP's Retry-After is whole seconds)
+RETRY_AFTER_S = 1  # a turned-away request's Retry-After (whole seconds in HTTP); our client's backoff stays below it
 SWITCH_INTERVAL_S = 0.001
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -129,7 +129,7 @@ def app(name: str, endpoints: list[Endpoint], gate: Gate, metrics: Metrics, heal
             if not gate.admit():
                 metrics.rejections.inc()
                 return reply(request, 503, {"message": f"{name} is busy ({gate.workers} at work, {gate.room - gate.workers}"
-                                                       f" waiting): retry within {RETRY_AFTER_S} s"},
+                                                       f" waiting): try again in up to {RETRY_AFTER_S} s"},
                              **{"Retry-After": str(RETRY_AFTER_S)})
             arrived = time.monotonic()
             metrics.in_flight.inc()
