@@ -262,6 +262,19 @@ def cpu_image(docker_client, base_image, torch_wheelhouse) -> str:
     return build(opts, Console(stderr=True)).tag
 
 
+@pytest.fixture(scope="session")
+def services_image(docker_client, base_image) -> str:
+    """The tag of the services image (verl-deploy:<version>-services: the tool services without torch) built on
+    base_image through verl_deploy.images; the docker launcher runs a run's services from it."""
+    from rich.console import Console
+
+    from verl_deploy.images import plan_build
+    from verl_deploy.images.build import build
+
+    opts, _ = plan_build("services", base_image=base_image)
+    return build(opts, Console(stderr=True)).tag
+
+
 @pytest.fixture
 def leftovers(docker_client):
     """Run ids whose containers and secret files a test may leave behind when it fails: removed after it."""

@@ -176,7 +176,7 @@ def test_the_tool_services_are_hardened_on_a_network_with_no_way_out(project):
         assert container["user"] != "0:0"
         assert set(container["networks"]) == {"tools"} and container["profiles"] == ["tools"]
         assert "secrets" not in container and container["environment"] == {"HOME": "/tmp", "PYTHONUNBUFFERED": "1"}
-        assert container["volumes"][0].endswith(":/data:ro") and container["image"].endswith("-cpu")
+        assert container["volumes"][0].endswith(":/data:ro") and container["image"].endswith("-services")
         args = service.args(getattr(defaults, name), service.port, host="0.0.0.0", in_container=True)
         assert container["entrypoint"] == ["python"]
         assert [a for a in container["command"] if a] == args + (["--corpus"] if name == "retriever" else [])
@@ -184,6 +184,9 @@ def test_the_tool_services_are_hardened_on_a_network_with_no_way_out(project):
         for trainer in ("trainer", "trainer-cpu"):
             assert services[trainer]["environment"][url_env(name)] == f"http://{name}:{service.port}"
             assert set(services[trainer]["networks"]) == {"default", "tools"}
+    assert services["sandbox"]["deploy"]["replicas"] == 1  # VERL_SANDBOX_REPLICAS: more behind the name `sandbox`
+    scaled = compose(project, "--profile", "tools", *CPU, "config", env={"VERL_SANDBOX_REPLICAS": "3"})
+    assert yaml.safe_load(scaled.stdout)["services"]["sandbox"]["deploy"]["replicas"] == 3, scaled.stderr
 
 
 def up_trainer(project, env, timeout=300) -> subprocess.CompletedProcess:
@@ -268,7 +271,7 @@ def test_a_failed_start_or_a_failed_trainer_is_a_nonzero_exit(project, docker_cl
 
 
 @pytest.mark.slow
-def test_the_sandbox_runs_beside_the_trainer_and_stops_with_it(project, docker_client, cpu_image):
+def test_the_sandbox_runs_beside_the_trainer_and_stops_with_it(project, docker_client, cpu_image, services_image):
     """docs/agentic.md's compose command: a multi-turn run with verl's SandboxFusion tool config (in the data folder)
     finds the sandbox container, points the tool at it, trains, and `--exit-code-from` stops the sandbox with it."""
     shutil.copy(REPO / "examples" / "tools" / "sandbox_fusion_tool_config.yaml", project / "data" / "tools.yaml")
@@ -277,7 +280,7 @@ def test_the_sandbox_runs_beside_the_trainer_and_stops_with_it(project, docker_c
     config["rollout"]["multi_turn"] = {"enable": True, "tool_config_path": "/data/tools.yaml", "max_assistant_turns": 2}
     config["services"] = {"sandbox": {"enable": True}}
     (project / "tiny.yaml").write_text(yaml.safe_dump(config))
-    env = {"VERL_IMAGE": cpu_image}
+    env = {"VERL_IMAGE": cpu_image, "VERL_SERVICES_IMAGE": services_image}  # the sandbox: the services image
     try:
         up = compose(project, "--profile", "tools", *CPU, "up", "--exit-code-from", "trainer-cpu", "trainer-cpu",
                      "sandbox", env=env, timeout=300)

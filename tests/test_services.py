@@ -204,6 +204,42 @@ def test_the_services_run_the_image_the_config_names_or_the_runs():
     assert " verl-deploy:cu130" in shown[2]
 
 
+def test_by_default_the_services_run_the_services_image_beside_the_runs_and_replicas_share_one_address():
+    """A run image of the catalog has a services image (no torch, no CUDA) beside it in the same registry: the
+    services run that; services.sandbox.replicas puts several sandboxes behind the address the trainer is given."""
+    from test_k8s import validate
+
+    from verl_deploy.images import image_tag
+
+    image, services = image_tag("cu130", "registry.example"), image_tag("services", "registry.example")
+    spec = build_spec(EXAMPLE, image=image, runs_root="/tmp/r", run_id="agent",
+                      overrides=(f"rollout.multi_turn.tool_config_path={TOOLS}", "services.sandbox.replicas=3",
+                                 "services.sandbox.concurrency=4"))
+    *sandboxes, trainer = run_options(spec)
+    assert [s["name"] for s in sandboxes] == ["agent-sandbox-1", "agent-sandbox-2", "agent-sandbox-3"]
+    for sandbox in sandboxes:
+        assert sandbox["image"] == services and sandbox["networking_config"] == {
+            "agent-services": {"Aliases": ["agent-sandbox"]}}  # Docker's DNS answers the name with all three
+        assert sandbox["command"][sandbox["command"].index("--concurrency") + 1] == "4"
+    assert trainer["image"] == image and trainer["environment"]["VERL_DEPLOY_SANDBOX_URL"] == "http://agent-sandbox:8080"
+
+    objects = manifests(spec)
+    for obj in objects:
+        validate(obj)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 3  # behind the one Service, agent-sandbox
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == services
+
+    shown = cli("run", EXAMPLE, "--target", "docker", "--image", image, "--run-id", "agent", "--dry-run", *TOOL_PATH,
+                "--set", "services.sandbox.replicas=2").output.splitlines()
+    assert [line.split(" --name ")[1].split()[0] for line in shown[1:3]] == ["agent-sandbox-1", "agent-sandbox-2"]
+    assert all("--network-alias agent-sandbox " in line and f" {services} -m verl_runtime.services.sandbox" in line
+               for line in shown[1:3])
+    shown = cli("run", EXAMPLE, "--target", "k8s", "--image", image, "--run-id", "agent", "--dry-run", *TOOL_PATH,
+                "--set", "services.sandbox.replicas=2").output
+    assert "  replicas: 2\n" in shown and f"image: {services}\n" in shown
+
+
 def test_slurm_says_the_services_run_beside_the_trainer_on_the_head_node(tmp_path):
     script = batch_script(spec_of(runs_root=tmp_path), SlurmOptions())
     assert "# The run's services (sandbox) run on this (the head) node beside the trainer" in script
@@ -220,20 +256,24 @@ def test_a_tool_config_that_is_not_there_is_one_line():
 
 
 @pytest.mark.docker
-def test_docker_runs_the_sandbox_as_a_container_and_leaves_nothing_after(tmp_path, cpu_image, docker_client,
-                                                                         leftovers):
+def test_docker_runs_the_sandbox_as_a_container_and_leaves_nothing_after(tmp_path, cpu_image, services_image,
+                                                                         docker_client, leftovers):
     runs = tmp_path / "runs"
     leftovers.append("dock-svc")
     started = cli("run", EXAMPLE, "--target", "docker", "--image", cpu_image, "--runs-dir", runs, "--run-id",
                   "dock-svc", "--detach", "--shm-size", "1g", *TOOL_PATH, "--set", "trainer.total_training_steps=2000",
-                  "--set", "trainer.num_epochs=200")  # still running when the test asks its sandbox
+                  "--set", "trainer.num_epochs=200",  # still running when the test asks its sandbox
+                  "--set", "services.sandbox.replicas=2")
     assert started.exit_code == 0, started.output
     run_dir = runs / "dock-svc"
     assert wait_for(lambda: metrics_steps(run_dir))
-    sandbox = docker_client.containers.get("dock-svc-sandbox")
-    assert sandbox.attrs["State"]["Health"]["Status"] == "healthy"
+    for name in ("dock-svc-sandbox-1", "dock-svc-sandbox-2"):  # two sandboxes behind one name, from the services image
+        sandbox = docker_client.containers.get(name)
+        assert sandbox.attrs["State"]["Health"]["Status"] == "healthy"
+        assert sandbox.image.tags == [services_image]
+        assert set(sandbox.attrs["NetworkSettings"]["Networks"]) == {"dock-svc-services"}
+        assert "dock-svc-sandbox" in sandbox.attrs["NetworkSettings"]["Networks"]["dock-svc-services"]["Aliases"]
     assert docker_client.networks.get("dock-svc-services").attrs["Internal"] is True  # no route out of it
-    assert set(sandbox.attrs["NetworkSettings"]["Networks"]) == {"dock-svc-services"}
     assert "service sandbox: http://dock-svc-sandbox:8080 is healthy" in (run_dir / "train.log").read_text()
     status = cli("status", "dock-svc", "--runs-dir", runs).output
     assert "  services: sandbox http://dock-svc-sandbox:8080\n" in status, status
@@ -258,7 +298,7 @@ def test_docker_runs_the_sandbox_as_a_container_and_leaves_nothing_after(tmp_pat
     assert resumed.exit_code == 0, resumed.output
     trainer = docker_client.containers.get("dock-svc")
     assert trainer.wait(timeout=180)["StatusCode"] == 0
-    assert docker_client.containers.get("dock-svc-sandbox").status == "running"
+    assert docker_client.containers.get("dock-svc-sandbox-1").status == "running"
     again = cli("run", "--resume", "dock-svc", "--runs-dir", runs, "--shm-size", "1g",
                 "--set", f"trainer.total_training_steps={last + 1}")
     assert again.exit_code == 0 and "nothing to do" in again.output, again.output

@@ -4,8 +4,11 @@ reward rise, and nothing of the run is left running after."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
+import threading
+import time
 
 import pytest
 import torch
@@ -112,16 +115,30 @@ def test_the_agentic_quickstart_learns_to_call_the_tool_on_the_cpu(tmp_path, mon
 
 
 @pytest.mark.docker
-def test_the_agentic_quickstart_learns_in_docker_with_the_sandbox_as_a_container(tmp_path, cpu_image, docker_client,
-                                                                                leftovers, monkeypatch):
+def test_the_agentic_quickstart_learns_in_docker_with_the_sandbox_as_a_container(tmp_path, cpu_image, services_image,
+                                                                                docker_client, leftovers, monkeypatch):
     monkeypatch.chdir(REPO)
     runs = tmp_path / "runs"
     leftovers.append("calc-docker")
+    images, running = {}, threading.Event()  # the images its containers run, seen while they run
+    running.set()
+
+    def watch():
+        while running.is_set():
+            with contextlib.suppress(Exception):  # a container removed while looked at
+                images.update({c.name: c.image.tags[0] for c in containers(docker_client, "calc-docker")})
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     result = cli("run", EXAMPLE, "--target", "docker", "--image", cpu_image, "--runs-dir", runs, "--run-id",
                  "calc-docker", "--shm-size", "1g")
+    running.clear()
+    watcher.join()
     assert result.exit_code == 0, result.output
     run_dir = runs / "calc-docker"
     assert "service sandbox: http://calc-docker-sandbox:8080 is healthy" in (run_dir / "train.log").read_text()
     _assert_it_learned_to_call(run_dir)
     assert not containers(docker_client, "calc-docker"), "the trainer's and the sandbox's containers are gone"
     assert not docker_client.networks.list(names=["calc-docker-services"])
+    assert images == {"calc-docker-sandbox": services_image, "calc-docker": cpu_image}  # the sandbox: no torch

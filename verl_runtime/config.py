@@ -374,6 +374,10 @@ class SandboxServiceConfig:
     url: str | None = None  # a sandbox that already runs there (http://host:port): checked, not started
     memory_mb: int = 1024  # the most memory one program may take
     run_timeout: float = 10.0  # the longest one program may run, in seconds (a request may ask for less)
+    concurrency: int | None = None  # programs run at once per sandbox (None: one per CPU); more wait or get 503
+    # sandboxes behind its one address (docker: containers sharing a network alias; k8s: the Deployment's replicas);
+    # a sandbox beside the trainer (local, Slurm) is one process
+    replicas: int = 1
 
 
 @dataclass
@@ -520,6 +524,8 @@ RANGES = (
     _above("rollout.multi_turn.tool_timeout", 0, "seconds one tool call may take"),
     _at_least("services.sandbox.memory_mb", 16, "MB one program may take"),
     _above("services.sandbox.run_timeout", 0, "seconds one program may run"),
+    _at_least("services.sandbox.concurrency", 1, "programs run at once; null: one per CPU"),
+    _at_least("services.sandbox.replicas", 1, "sandboxes behind its address"),
     _above("services.health_timeout", 0, "seconds a service may take to become healthy"),
     _at_least("rollout.temperature", 0, "0 means greedy sampling"),
     _fraction("rollout.top_p", "1 keeps every token", zero=False),

@@ -3,6 +3,8 @@
     python verify.py torch   after torch: its release, its CUDA (or a CPU build) and its GPU architectures
     python verify.py deps    after the dependencies: vLLM's release, every == pin of RUNTIME_PACKAGES, and torch
                              still the one verified
+    python verify.py services  the services image: its services import (numpy too, for the code tools run) and no
+                             torch or CUDA library came with them
     python verify.py verl    upstream verl's images: `import verl` gives RUNTIME_VERSION (the tutorial's check) and
                              its trainer's Hydra config composes (`python -m verl.trainer.main_ppo --cfg job`)
 
@@ -116,10 +118,25 @@ def check_verl() -> None:
     print(f"verl-deploy: import verl gives {have[0]}; main_ppo --cfg job composes verl's config")
 
 
+def check_services() -> None:
+    import importlib
+
+    for module in ("numpy", "verl_runtime.services.sandbox", "verl_runtime.services.retriever"):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            fail(f"the services image cannot import {module}: {exc}")
+    heavy = [d.metadata["Name"] for d in importlib.metadata.distributions()
+             if re.match(r"(torch|nvidia-|triton|vllm)", d.metadata["Name"] or "", re.I)]
+    if heavy:
+        fail(f"the services image holds {', '.join(sorted(heavy))}: the services extra pulled them in; remove them")
+    print("verl-deploy: the services import; no torch, no CUDA")
+
+
 def last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
 
 
 if __name__ == "__main__":
-    {"torch": check_torch, "deps": check_deps, "verl": check_verl}[sys.argv[1]]()
+    {"torch": check_torch, "deps": check_deps, "verl": check_verl, "services": check_services}[sys.argv[1]]()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from verl_runtime.agent import hermes
+from verl_runtime.agent.tools import CALL_DEADLINE
 from verl_runtime.models import position_ids_from_mask
 from verl_runtime.rollout.base import SamplingParams, left_pad
 
@@ -112,6 +113,7 @@ class ToolLoop:
         try:
             create_kwargs = (episode.tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
             instance, _ = await _awaited(tool.create, create_kwargs=create_kwargs)  # verl 0.9.1's call
+            CALL_DEADLINE.set(time.monotonic() + self.settings.tool_timeout)  # this task's own context
             response, reward, _ = await asyncio.wait_for(_awaited(tool.execute, instance, call.arguments),
                                                          self.settings.tool_timeout)
             if reward is not None:

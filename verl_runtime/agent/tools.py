@@ -5,13 +5,14 @@ other class_name is imported as verl imports it (module.path.ClassName, the modu
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import importlib.util
 import inspect
 import json
 import re
+import time
 import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +21,13 @@ import yaml
 
 from verl_runtime.errors import ConfigError
 from verl_runtime.rewards import gsm8k
+from verl_runtime.services import client
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
+# When the tool loop stops waiting for the call being made (time.monotonic(); rollout.multi_turn.tool_timeout from
+# its start): a service's tool retries a busy service until then, not past it. Set by the loop; a context variable
+# reaches the thread a blocking execute runs in (asyncio.to_thread copies it).
+CALL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("CALL_DEADLINE", default=None)
 
 
 @dataclass
@@ -168,10 +174,11 @@ class CalculatorTool(BaseTool):
 
 
 def post_json(url: str, body: dict, timeout: float) -> dict:
-    """A service's JSON reply to a JSON POST (the sandbox's, the retriever's)."""
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as reply:
-        return json.loads(reply.read())
+    """A service's JSON reply to a JSON POST (the sandbox's, the retriever's), tried again with backoff while the
+    service is busy, until the tool loop's deadline for this call (CALL_DEADLINE) or else for `timeout`."""
+    deadline = CALL_DEADLINE.get()
+    within = timeout if deadline is None else deadline - time.monotonic()
+    return client.post_json(url, body, timeout, within=within)
 
 
 # verl's tool classes (its examples' tool configs name them) -> ours

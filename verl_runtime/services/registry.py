@@ -25,6 +25,8 @@ class Service:
         args = ["-m", self.module, "--host", host, "--port", str(port)]
         if self.name == "sandbox":
             args += ["--memory-mb", str(settings.memory_mb), "--run-timeout", str(settings.run_timeout)]
+            if settings.concurrency:
+                args += ["--concurrency", str(settings.concurrency)]
             if in_container:
                 args += ["--network-isolation", "external"]
         if self.name == "retriever" and settings.corpus:
@@ -37,6 +39,10 @@ class Service:
 
     def health_url(self, base: str) -> str:
         return base.rstrip("/") + self.health
+
+    def replicas(self, settings) -> int:
+        """How many of it serve behind its one address (services.<name>.replicas where the service has them)."""
+        return getattr(settings, "replicas", 1)
 
     def probe(self) -> list[str]:
         """A container's healthcheck command (exec form): its /health, asked from inside the container."""

@@ -12,17 +12,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from verl_runtime.services import serving
 
 BUNDLED_CORPUS = Path(__file__).with_name("corpus.jsonl")
 MAX_TOPK = 50
+QUEUE_PER_SEARCH = 16  # requests that may wait for a search, per search at once (searches take milliseconds)
 _WORD = re.compile(r"[a-z0-9]+")
 
 
@@ -100,31 +101,14 @@ def retrieve(request: dict, index: Index) -> dict:
     return {"result": results}
 
 
-class _Handler(serving.JsonHandler):
-    server_version = "verl-deploy-retriever"
-    name = "retriever"
-    index: Index
-
-    def do_GET(self) -> None:
-        if self.path == "/health":
-            self.send(200, "pong")
-        else:
-            self.send(404, {"message": f"no such path {self.path}: POST /retrieve, GET /health"})
-
-    def do_POST(self) -> None:
-        if self.path.rstrip("/") != "/retrieve":
-            self.send(404, {"message": f"no such path {self.path}: POST /retrieve"})
-            return
-        try:
-            self.send(200, retrieve(self.read_json(), self.index))
-        except serving.TooLarge as exc:
-            self.send(413, {"message": str(exc)})
-        except ValueError as exc:
-            self.send(400, {"message": str(exc).splitlines()[0]})
-
-
-def serve(host: str, port: int, index: Index) -> ThreadingHTTPServer:
-    return serving.threaded_server(host, port, type("Handler", (_Handler,), {"index": index}))
+def serve(host: str, port: int, index: Index, concurrency: int | None = None,
+          queue: int | None = None) -> serving.Server:
+    """The HTTP server (not yet serving: call serve_forever): at most `concurrency` searches at once (default: one
+    per CPU), `queue` more waiting (default: QUEUE_PER_SEARCH per search), the rest turned away with 503."""
+    workers = concurrency or os.cpu_count() or 1
+    gate = serving.Gate(workers, QUEUE_PER_SEARCH * workers if queue is None else queue)
+    endpoint = serving.Endpoint(("/retrieve",), lambda request: retrieve(request, index))
+    return serving.Server(serving.app("retriever", [endpoint], gate, serving.Metrics("retriever")), host, port)
 
 
 def main(argv=None) -> int:
@@ -136,11 +120,12 @@ def main(argv=None) -> int:
                                                       "compose.yaml passes an unset one): the small bundled one")
     args = parser.parse_args(argv)
     try:
-        server = serve(args.host, args.port, load_corpus(args.corpus or BUNDLED_CORPUS))
+        index = load_corpus(args.corpus or BUNDLED_CORPUS)
+        server = serve(args.host, args.port, index)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"retriever: serving retrieve on http://{args.host}:{server.server_port} ({len(server.RequestHandlerClass.index.documents)} "
+    print(f"retriever: serving retrieve on http://{args.host}:{server.server_port} ({len(index.documents)} "
           "documents)", file=sys.stderr, flush=True)
     return serving.serve_until_stopped(server)
 

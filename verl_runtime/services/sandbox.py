@@ -15,7 +15,11 @@ Each request runs untrusted code in a child process that is limited by the kerne
 - CPU time, address space (memory_limit_MB), wall time (run_timeout; the child's whole process group is killed),
   output (stdout and stderr are files limited by RLIMIT_FSIZE: a flood ends the child, what it wrote up to the limit
   is returned), processes, and a working directory of its own that is removed afterwards;
-- an environment of its own: nothing of the server's (no tokens, no credentials) reaches the code.
+- an environment of its own: nothing of the server's (no tokens, no credentials) reaches the code;
+- a lower CPU priority than the server's (nice 10), so runs that burn CPU never slow its answers (health, busy).
+
+At most --concurrency runs at once and --queue requests waiting; past that a request is answered at once with 503
+and Retry-After (serving.py), and GET /metrics counts requests, rejections and the runs stopped at a limit.
 
 Run it: `python -m verl_runtime.services.sandbox --port 8080` (GET /health for readiness).
 """
@@ -33,11 +37,11 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
 from pathlib import Path
+
+from prometheus_client import Counter
 
 from verl_runtime.services import serving
 
@@ -48,6 +52,9 @@ CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 LANGUAGES = {"python": ("main.py", ("python", "-I", "main.py")), "bash": ("main.sh", ("bash", "main.sh"))}
 MAX_REQUEST_BYTES = serving.MAX_REQUEST_BYTES  # the code and its stdin
 ISOLATIONS = ("namespace", "external")
+# Requests that may wait for a run, per run at once: a burst of an RL step's tool calls waits a few runs' time
+# instead of polling; past that, a request is turned away (503, Retry-After) and its client retries.
+QUEUE_PER_RUN = 8
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,7 @@ def _confine(limits: Limits, run_timeout: float, memory_mb: int, isolation: str)
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
+        os.nice(10)
         cpu = math.ceil(run_timeout) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
@@ -223,42 +231,45 @@ def check_isolation(isolation: str) -> None:
                          "--network-isolation external")
 
 
-class _Handler(serving.JsonHandler):
-    server_version = "verl-deploy-sandbox"
-    name = "sandbox"
-    limits = Limits()
-    isolation = "namespace"
-    slots: threading.Semaphore = threading.Semaphore(os.cpu_count() or 1)
+def kill(reply: dict) -> str | None:
+    """Why the sandbox stopped a run (time, cpu, output), if it did."""
+    run = reply.get("run_result") or {}
+    if run.get("status") == "TimeLimitExceeded":
+        return "time"
+    stderr = run.get("stderr") or ""
+    if "[sandbox] output limit reached" in stderr:
+        return "output"
+    if "[sandbox] CPU time limit reached" in stderr:
+        return "cpu"
+    return None
 
-    def do_GET(self) -> None:
-        if self.path in ("/health", "/v1/ping"):
-            self.send(200, "pong")
-        else:
-            self.send(404, {"message": f"no such path {self.path}: POST /run_code, GET /health"})
 
-    def do_POST(self) -> None:
-        if self.path.rstrip("/") not in ("/run_code", "/v1/run_code"):
-            self.send(404, {"message": f"no such path {self.path}: POST /run_code"})
-            return
-        try:
-            request = self.read_json()
-        except serving.TooLarge as exc:
-            self.send(413, {"message": str(exc)})
-            return
-        except ValueError as exc:
-            self.send(400, _reply("SandboxError", f"the request is not a JSON object: {exc}", None))
-            return
-        with self.slots:  # at most one run per CPU at a time; the others wait their turn
-            self.send(200, run_code(request, self.limits, self.isolation))
+def app(limits: Limits = Limits(), isolation: str = "namespace", concurrency: int | None = None,
+        queue: int | None = None):
+    """The sandbox's ASGI app: at most `concurrency` runs at once (default: one per CPU), `queue` more waiting
+    (default: QUEUE_PER_RUN per run), the rest turned away with 503 and Retry-After."""
+    metrics = serving.Metrics("sandbox")
+    kills = Counter("verl_deploy_sandbox_kills", "Runs the sandbox stopped at a limit (time, cpu, output)",
+                    ["reason"], registry=metrics.registry)
+
+    def answer(request: dict) -> dict:
+        reply = run_code(request, limits, isolation)
+        if reason := kill(reply):
+            kills.labels(reason).inc()
+        return reply
+
+    workers = concurrency or os.cpu_count() or 1
+    gate = serving.Gate(workers, QUEUE_PER_RUN * workers if queue is None else queue)
+    endpoint = serving.Endpoint(("/run_code", "/v1/run_code"), answer,
+                                lambda why: _reply("SandboxError", f"the request is not a JSON object: {why}", None))
+    return serving.app("sandbox", [endpoint], gate, metrics, health=("/health", "/v1/ping"))
 
 
 def serve(host: str, port: int, limits: Limits = Limits(), isolation: str = "namespace",
-          concurrency: int | None = None) -> ThreadingHTTPServer:
+          concurrency: int | None = None, queue: int | None = None) -> serving.Server:
     """The HTTP server (not yet serving: call serve_forever); ValueError (one line) for an isolation this host lacks."""
     check_isolation(isolation)
-    handler = type("Handler", (_Handler,), {"limits": limits, "isolation": isolation,
-                                             "slots": threading.Semaphore(concurrency or os.cpu_count() or 1)})
-    return serving.threaded_server(host, port, handler)
+    return serving.Server(app(limits, isolation, concurrency, queue), host, port)
 
 
 def main(argv=None) -> int:
@@ -269,12 +280,14 @@ def main(argv=None) -> int:
                         help="namespace: each run gets a network namespace of its own (none); external: the "
                              "container the sandbox runs in has no network")
     parser.add_argument("--concurrency", type=int, default=None, help="runs at a time (default: one per CPU)")
+    parser.add_argument("--queue", type=int, default=None, help="requests that may wait for a run; past them, 503 "
+                                                                 f"with Retry-After (default: {QUEUE_PER_RUN} per run)")
     parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb)
     parser.add_argument("--run-timeout", type=float, default=Limits.run_timeout_s)
     args = parser.parse_args(argv)
     try:
         server = serve(args.host, args.port, Limits(run_timeout_s=args.run_timeout, memory_mb=args.memory_mb),
-                       args.network_isolation, args.concurrency)
+                       args.network_isolation, args.concurrency, args.queue)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,55 +1,209 @@
-"""What the services' HTTP servers share: a JSON handler (one log line per request, bodies bounded) and serving
-until SIGTERM."""
+"""What the services' HTTP servers share: an ASGI app (Starlette) served by uvicorn, where each JSON endpoint's work
+runs in a thread behind a gate of bounded concurrency. A request past the gate's room is turned away at once
+(503 with Retry-After), never left hanging; GET /health answers beside the gate, GET /metrics in Prometheus' text
+format (requests, in flight, latency, rejections, and what a service counts of its own). One log line per request,
+bodies bounded."""
 
 from __future__ import annotations
 
 import json
 import signal
+import socket
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import anyio
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
 
 MAX_REQUEST_BYTES = 1 << 20
+RETRY_AFTER_S = 1  # a turned-away request's Retry-After (whole seconds in HTTP); our client's backoff stays below it
+SWITCH_INTERVAL_S = 0.001
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class TooLarge(ValueError):
     """A request body over MAX_REQUEST_BYTES."""
 
 
-class JsonHandler(BaseHTTPRequestHandler):
-    name = "service"  # the log lines' prefix
+class Metrics:
+    """A service's Prometheus metrics, in a registry of its own (several servers may share a process: the tests)."""
 
-    def log_message(self, format, *args) -> None:  # one line per request on stderr, never a body
-        sys.stderr.write(f"{self.name}: {self.command} {self.path} {args[1] if len(args) > 1 else ''}\n")
+    def __init__(self, service: str):
+        self.service = service
+        self.registry = CollectorRegistry()
+        self.requests = Counter("verl_deploy_service_requests", "Requests answered, by path and status code",
+                                ["service", "path", "code"], registry=self.registry)
+        self.in_flight = Gauge("verl_deploy_service_in_flight", "Requests admitted and not yet answered (at work or "
+                               "waiting for a worker)", ["service"], registry=self.registry).labels(service)
+        self.latency = Histogram("verl_deploy_service_request_seconds", "Seconds from a request's arrival to its "
+                                 "answer, admitted requests", ["service", "path"], buckets=LATENCY_BUCKETS,
+                                 registry=self.registry)
+        self.rejections = Counter("verl_deploy_service_rejections", "Requests turned away because the service was "
+                                  "full (503 with Retry-After)", ["service"], registry=self.registry).labels(service)
 
-    def send(self, code: int, body: dict | str) -> None:
-        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json" if isinstance(body, dict) else "text/plain")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    def answered(self, path: str, code: int) -> None:
+        self.requests.labels(self.service, path, str(code)).inc()
 
-    def read_json(self) -> dict:
-        """The request's JSON object; TooLarge over the bound, ValueError for anything but a JSON object."""
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_REQUEST_BYTES:
-            raise TooLarge(f"request of {length} bytes is over the limit of {MAX_REQUEST_BYTES}")
-        request = json.loads(self.rfile.read(length) or b"{}")
-        if not isinstance(request, dict):
-            raise ValueError("not a JSON object")
-        return request
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
 
 
-def threaded_server(host: str, port: int, handler: type) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+class Gate:
+    """At most `workers` requests at work at once and `queue` more waiting for one; a request past that is turned
+    away at once. The event loop alone counts admissions, so no lock is needed."""
+
+    def __init__(self, workers: int, queue: int):
+        if workers < 1 or queue < 0:
+            raise ValueError(f"concurrency must be 1 or more and queue 0 or more (got {workers} and {queue})")
+        self.workers, self.room = workers, workers + queue
+        self.admitted = 0
+        self.limiter = anyio.CapacityLimiter(workers)
+
+    def admit(self) -> bool:
+        if self.admitted >= self.room:
+            return False
+        self.admitted += 1
+        return True
+
+    def leave(self) -> None:
+        self.admitted -= 1
+
+    async def work(self, function, *args):
+        """function(*args) in a worker thread, once one of `workers` is free."""
+        return await anyio.to_thread.run_sync(function, *args, limiter=self.limiter)
 
 
-def serve_until_stopped(server: ThreadingHTTPServer) -> int:
-    """Serve until SIGTERM or Ctrl-C, then close; exit code 0."""
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+@dataclass(frozen=True)
+class Endpoint:
+    """A JSON POST endpoint: answer(request) -> reply (200), run in a worker thread; a ValueError from it is a 400
+    with its first line."""
+
+    paths: tuple[str, ...]
+    answer: Callable[[dict], dict]
+    # the body of a 400 for a request that is not a JSON object (a service may answer in its API's own shape)
+    not_json: Callable[[str], dict] = lambda why: {"message": f"the request is not a JSON object: {why}"}
+
+
+async def read_json(request: Request) -> dict:
+    """The request's JSON object; TooLarge over the bound (read no further), ValueError for anything else."""
+    if int(request.headers.get("content-length") or 0) > MAX_REQUEST_BYTES:
+        raise TooLarge(f"request of {request.headers['content-length']} bytes is over the limit of {MAX_REQUEST_BYTES}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_REQUEST_BYTES:
+            raise TooLarge(f"request over the limit of {MAX_REQUEST_BYTES} bytes")
+    try:
+        parsed = json.loads(bytes(body) or b"{}")
+    except ValueError as exc:
+        raise ValueError(str(exc).splitlines()[0]) from None
+    if not isinstance(parsed, dict):
+        raise ValueError("not a JSON object")
+    return parsed
+
+
+def app(name: str, endpoints: list[Endpoint], gate: Gate, metrics: Metrics, health: tuple[str, ...] = ("/health",)):
+    """The service's ASGI app: its endpoints behind the gate, health and metrics beside it."""
+
+    def log(request: Request, code: int) -> None:
+        sys.stderr.write(f"{name}: {request.method} {request.url.path} {code}\n")
+
+    def reply(request: Request, code: int, body: dict | str, **headers) -> Response:
+        log(request, code)
+        metrics.answered(request.url.path, code)
+        if isinstance(body, dict):
+            return JSONResponse(body, code, headers=headers)
+        return PlainTextResponse(body, code, headers=headers)
+
+    def post(endpoint: Endpoint):
+        async def handle(request: Request) -> Response:
+            if not gate.admit():
+                metrics.rejections.inc()
+                return reply(request, 503, {"message": f"{name} is busy ({gate.workers} at work, {gate.room - gate.workers}"
+                                                       f" waiting): try again in up to {RETRY_AFTER_S} s"},
+                             **{"Retry-After": str(RETRY_AFTER_S)})
+            arrived = time.monotonic()
+            metrics.in_flight.inc()
+            try:
+                try:
+                    body = await read_json(request)
+                except TooLarge as exc:
+                    return reply(request, 413, {"message": str(exc)})
+                except ValueError as exc:
+                    return reply(request, 400, endpoint.not_json(str(exc)))
+                try:
+                    return reply(request, 200, await gate.work(endpoint.answer, body))
+                except ValueError as exc:
+                    return reply(request, 400, {"message": str(exc).splitlines()[0]})
+            finally:
+                gate.leave()
+                metrics.in_flight.dec()
+                metrics.latency.labels(name, request.url.path).observe(time.monotonic() - arrived)
+
+        return handle
+
+    async def healthy(request: Request) -> Response:
+        return PlainTextResponse("pong")
+
+    async def prometheus(request: Request) -> Response:
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    served = [f"POST {endpoint.paths[0]}" for endpoint in endpoints] + ["GET /health", "GET /metrics"]
+
+    async def not_found(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 404:
+            return reply(request, 404, {"message": f"no such path {request.url.path}: {', '.join(served)}"})
+        return reply(request, exc.status_code, {"message": exc.detail})
+
+    routes = [Route(path, post(endpoint), methods=["POST"]) for endpoint in endpoints for path in endpoint.paths]
+    routes += [Route(path, healthy, methods=["GET"]) for path in health]
+    routes += [Route("/metrics", prometheus, methods=["GET"])]
+    return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+
+
+class Server:
+    """uvicorn serving an app on a socket bound at once (port 0: a free one, in server_port), so that the caller
+    knows the address before serving starts; serve_forever in this thread, shutdown from another."""
+
+    def __init__(self, asgi_app, host: str, port: int):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # a deep accept backlog: a burst of connections waits for the loop instead of being refused by the kernel
+        self.socket = socket.create_server((host, port), family=family, backlog=4096)
+        self.server_port = self.socket.getsockname()[1]
+        self.uvicorn = uvicorn.Server(uvicorn.Config(asgi_app, lifespan="off", access_log=False, log_level="warning",
+                                                     timeout_graceful_shutdown=30))
+        self._stopped = threading.Event()
+
+    def serve_forever(self) -> None:
+        # The event loop answers health and busy replies; the worker threads' Python (starting runs, reading their
+        # output) must hand it the GIL sooner than the default 5 ms so that those answers come at once.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        try:
+            self.uvicorn.run(sockets=[self.socket])
+        finally:
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        self.uvicorn.should_exit = True
+        self._stopped.wait(60)
+
+    def server_close(self) -> None:
+        self.socket.close()
+
+
+def serve_until_stopped(server: Server) -> int:
+    """Serve until SIGTERM or Ctrl-C (uvicorn finishes what is at work), then close; exit code 0."""
+    # uvicorn raises the signal it stopped on again once it is done: that second one is a no-op here
+    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

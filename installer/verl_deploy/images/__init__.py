@@ -16,10 +16,12 @@ from rich.console import Console
 from verl_deploy import host_facts, runtimes
 from verl_deploy.compat import DEFAULT_RUNTIME
 from verl_deploy.images.context import (
-    BuildOptions, ImageError, build_defaults, host_ca_bundle, image_tag, runtime, source_tag, variant,
+    SERVICES, BuildOptions, ImageError, build_defaults, host_ca_bundle, image_tag, runtime, services_tag, source_tag,
+    variant,
 )
 
-__all__ = ["BuildOptions", "ImageError", "ensure", "image_tag", "plan_build", "pull_ref", "resolve_variant"]
+__all__ = ["SERVICES", "BuildOptions", "ImageError", "ensure", "image_tag", "plan_build", "pull_ref", "resolve_variant",
+           "services_tag"]
 
 
 def resolve_variant(name: str, runtime_name: str = DEFAULT_RUNTIME) -> str:
@@ -27,6 +29,8 @@ def resolve_variant(name: str, runtime_name: str = DEFAULT_RUNTIME) -> str:
     GPUs run best; no NVIDIA GPU: cpu, where the runtime has one; else ImageError saying why none runs)."""
     from verl_deploy import compat
 
+    if name == SERVICES and runtime_name == DEFAULT_RUNTIME:
+        return name
     try:
         name = compat.variant_for(name, wants_gpus=True, on_this_host=True, runtime=runtime(runtime_name).name)
     except (LookupError, ValueError) as exc:  # none runs here; a recorded reading that is not one

@@ -65,8 +65,28 @@ def runtime(name: str = compat.DEFAULT_RUNTIME) -> compat.Runtime:
     return runtimes[name]
 
 
+SERVICES = "services"  # the variant name of the services image (the catalog's `services:` section)
+
+
+@lru_cache(maxsize=1)
+def services_section() -> dict[str, Any]:
+    """The catalog's `services:` section: the services image's description and Dockerfile."""
+    import yaml
+
+    return dict(yaml.safe_load(compat.CATALOG_PATH.read_text())["services"])
+
+
+def services_variant() -> compat.Variant:
+    """The services image as a variant: no torch, no CUDA, no vLLM (its Dockerfile installs the services extra)."""
+    return compat.Variant(name=SERVICES, description=services_section()["description"], cuda=None, torch="",
+                          torch_index_url=None, vllm=None, min_driver=None, compute_capabilities=())
+
+
 def variant(name: str, runtime_name: str = compat.DEFAULT_RUNTIME) -> compat.Variant:
-    """A catalog variant of a runtime by name; ImageError naming the known ones otherwise."""
+    """A catalog variant of a runtime by name (`services`: the services image); ImageError naming the known ones
+    otherwise."""
+    if name == SERVICES and runtime_name == compat.DEFAULT_RUNTIME:
+        return services_variant()
     catalog = compat.load_catalog(runtime=runtime(runtime_name).name)
     if name not in catalog:
         of = "" if runtime_name == compat.DEFAULT_RUNTIME else f" of runtime {runtime_name}"
@@ -89,8 +109,23 @@ def image_tag(variant_name: str, registry: str | None = None, runtime_name: str 
 
 
 def dockerfile(v: compat.Variant) -> Path:
-    """The Dockerfile of a variant's runtime (docker/Dockerfile for verl-deploy's own)."""
+    """The Dockerfile of a variant's runtime (docker/Dockerfile for verl-deploy's own; the services image's own)."""
+    if v.name == SERVICES:
+        return DOCKER_DIR / services_section()["dockerfile"]
     return DOCKER_DIR / runtime(v.runtime).dockerfile
+
+
+def services_tag(image: str) -> str | None:
+    """The services image beside a run's image of the catalog ([REGISTRY/]verl-deploy:<version>-<variant> ->
+    [REGISTRY/]verl-deploy:<version>-services); None for an image of another name or runtime."""
+    name, _, tag = image.rpartition(":")
+    repository = build_defaults()["repository"]
+    if "/" in tag or not (name == repository or name.endswith("/" + repository)):
+        return None
+    version, _, variant_name = tag.rpartition("-")
+    if version != runtime_version() or variant_name not in {*compat.load_catalog(), SERVICES}:
+        return None
+    return f"{name}:{version}-{SERVICES}"
 
 
 SOURCE_DOCKERFILE = DOCKER_DIR / "verl-source.Dockerfile"  # --verl-source images
@@ -160,8 +195,12 @@ def nvidia_require_cuda(v: compat.Variant) -> str:
 
 
 def build_args(opts: BuildOptions) -> dict[str, str]:
-    """The Dockerfile's ARGs for this build: the variant's pins and what the labels say."""
+    """The Dockerfile's ARGs for this build: the variant's pins and what the labels say (the services image: the
+    labels' only, it has no pins)."""
     v = opts.variant
+    if v.name == SERVICES:
+        return {"BASE_IMAGE": opts.base_image, "VARIANT": v.name, "RUNTIME_VERSION": runtime_version(),
+                "RUNTIME_SOURCE": runtime_source()}
     return {
         "BASE_IMAGE": opts.base_image,
         "RUNTIME": v.runtime,

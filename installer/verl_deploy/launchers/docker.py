@@ -65,6 +65,7 @@ class Plan:
     command: list[str]
     shell: bool = False  # run `command` through /bin/sh -c instead of the image's entrypoint
     service: str | None = None  # a service's name (verl_runtime/services/registry.py)
+    alias: str | None = None  # the address a service's replicas share on the services network
 
 
 def network_name(spec: JobSpec) -> str:
@@ -85,8 +86,18 @@ def plans(spec: JobSpec) -> list[Plan]:
     """Containers in start order: the run's services first (healthy before the trainer starts). Several nodes: a
     Ray head and workers on one network, the way a KubeRay RayJob runs; the trainer runs on the head and joins its
     cluster through RAY_ADDRESS."""
-    services = [Plan(f"{spec.run_id}-{service.name}", "service", [], service=service.name) for service in spec.services]
+    services = [plan for service in spec.services for plan in _service_plans(spec, service)]
     return [*services, *_trainer_plans(spec)]
+
+
+def _service_plans(spec: JobSpec, service) -> list[Plan]:
+    """A service's containers: one named as its address, or its replicas (<name>-1, -2, ...) sharing that address
+    as a network alias, which Docker's DNS answers with all of them."""
+    address = f"{spec.run_id}-{service.name}"
+    count = service.replicas(getattr(spec.loaded.services, service.name))
+    if count == 1:
+        return [Plan(address, "service", [], service=service.name)]
+    return [Plan(f"{address}-{i}", "service", [], service=service.name, alias=address) for i in range(1, count + 1)]
 
 
 def _trainer_plans(spec: JobSpec) -> list[Plan]:
@@ -242,6 +253,7 @@ def service_options(spec: JobSpec, plan: Plan) -> dict:
         "read_only": True,
         "tmpfs": dict(TMPFS),
         "network": services_network(spec),
+        **({"networking_config": {services_network(spec): {"Aliases": [plan.alias]}}} if plan.alias else {}),
         "mounts": mounts,
         "environment": {"HOME": "/tmp", "PYTHONUNBUFFERED": "1"},
         "healthcheck": {"test": ["CMD", *service.probe()], "interval": HEALTH_INTERVAL_NS,
@@ -292,6 +304,7 @@ RUN_FLAGS = {
     "tmpfs": lambda v: _each("--tmpfs", [f"{path}:{opts}" for path, opts in v.items()]),
     "ulimits": lambda v: _each("--ulimit", [_ulimit(limit) for limit in v]),
     "network": lambda v: ["--network", v],
+    "networking_config": lambda v: _each("--network-alias", [alias for end in v.values() for alias in end["Aliases"]]),
     "network_mode": lambda v: ["--network", v],  # none: `export`'s container
     "device_requests": _gpus_flag,
     "ipc_mode": lambda v: ["--ipc", v],
@@ -393,6 +406,34 @@ def ensure_image(engine, image: str) -> None:
             f"image {image!r} is not here and cannot be pulled ({reason}): "
             "build one with `verl-deploy images build` or pass --image"
         ) from None
+
+
+def with_service_image(engine, spec: JobSpec) -> JobSpec:
+    """The spec with an image for its services that this engine has: services.image (pulled, or LaunchError as for
+    the run's), else the services image (here, pulled, or built: it is small), else the run's own, said so."""
+    from dataclasses import replace
+
+    from verl_deploy import images
+
+    if spec.service_image_given or spec.service_image == spec.image:
+        ensure_image(engine, spec.service_image)
+        return spec
+    try:
+        ensure_image(engine, spec.service_image)
+        return spec
+    except LaunchError:
+        pass
+    if spec.service_image == images.image_tag(images.SERVICES):  # ours, of this version: build it
+        try:
+            images.ensure(images.SERVICES)
+            return spec
+        except Exception as exc:  # noqa: BLE001 - any failure to build leaves the run's image, which works too
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    else:
+        why = "not here and not pulled"
+    print(f"note: the services image {spec.service_image} could not be had ({why}): the services run the run's "
+          f"image {spec.image}", file=sys.stderr)
+    return replace(spec, services_image=spec.image)
 
 
 def _gpu_error(exc) -> bool:
@@ -568,8 +609,8 @@ class DockerLauncher:
         try:
             engine = self.engine()
             ensure_image(engine, spec.image)
-            if spec.services and spec.service_image != spec.image:
-                ensure_image(engine, spec.service_image)
+            if spec.services:
+                spec = with_service_image(engine, spec)
             self._clear_finished(engine, spec.run_id)  # --resume starts new containers on the same run dir
             previous = runs.read_record(spec.run_dir)
             _prepare_run_dir(spec)

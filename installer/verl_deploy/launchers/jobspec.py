@@ -182,6 +182,9 @@ class JobSpec:
     # --verl-source), and that source's labels (path or URL, commit, dirty), which launch.json and `status` keep.
     trainer: tuple[str, ...] = ()
     verl_source: dict = field(default_factory=dict)
+    # The image the launcher found for the services where the config names none (docker: the run's own when the
+    # services image could not be had); None: service_image's default.
+    services_image: str | None = None
     # The config as build_spec loaded and checked it (ours; None for upstream verl's): the checks before launch and
     # the memory plan read it instead of loading it again. Not recorded: launch.json keeps the path and overrides.
     loaded: object = field(default=None, compare=False, repr=False)
@@ -212,9 +215,17 @@ class JobSpec:
         return trainer + (self.rollout_gpus if pod == "trainer" else 0)
 
     @property
+    def service_image_given(self) -> str | None:
+        """services.image, where the config names one."""
+        return self.loaded.services.image if self.loaded else None
+
+    @property
     def service_image(self) -> str:
-        """The image the service containers run: services.image, else the run's."""
-        return (self.loaded.services.image if self.loaded else None) or self.image
+        """The image the service containers run: services.image, else the services image beside the run's (same
+        registry and version; images/context.services_tag), else, for an image of another name, the run's."""
+        from verl_deploy.images.context import services_tag
+
+        return self.service_image_given or self.services_image or services_tag(self.image) or self.image
 
     @property
     def services(self) -> list:

@@ -522,7 +522,7 @@ def service_objects(spec: JobSpec, service) -> list[dict]:
     port = {"protocol": "TCP", "port": service.port}
     return [
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata,
-         "spec": {"replicas": 1, "selector": {"matchLabels": selects},
+         "spec": {"replicas": service.replicas(settings), "selector": {"matchLabels": selects},
                   "template": {"metadata": {"labels": labels}, "spec": pod}}},
         {"apiVersion": "v1", "kind": "Service", "metadata": metadata,
          "spec": {"selector": selects, "ports": [{**port, "name": "http", "targetPort": service.port}]}},
