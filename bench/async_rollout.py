@@ -1,15 +1,15 @@
 """Seconds per step, synchronous against trainer.mode=separate_async, on the CPU, in one run.
 
-    python bench/async_rollout.py [--steps 8] [--warmup 2] [--json FILE]
+    python bench/async_rollout.py [--steps 8] [--warmup 2] [--sync-threads 1|2] [--json FILE]
 
 Both runs train the same preset (a Qwen2-shape model of bench/_models.py BENCH_SHAPE, random weights; GRPO on the
-toy letter task, 8 prompts x 4 samples x 64 new tokens, the builtin engine) as `python -m verl_runtime train`, one
-after the other. separate_async uses two CPU workers, one torch thread each: the trainer, and one rollout worker
-that generates the next batch while the trainer updates on this one (rollout.nnodes=1, rollout.n_gpus_per_node=1,
-one batch ahead). The sync run gets the same two cores (two torch threads, generation then update); `--sync-threads 1`
-gives it one, the trainer's own share. The preset gives generation and the update similar shares of a sync step, as
-on a GPU, where the ceiling of the overlap is about 2x. Reported: the median of timing_s/step over the timed steps
-(the warm-up steps left out), the speedup (sync / async), and the async run's mean staleness.
+toy letter task, 4 prompts x 4 samples x 64 new tokens, the builtin engine; generation and the update take about
+equal shares of a sync step, as on a GPU) as `python -m verl_runtime train`, one after the other. separate_async runs
+on two CPU workers, one torch thread each: the trainer, and one rollout worker that generates the next batch while
+the trainer updates on this one (rollout.nnodes=1, rollout.n_gpus_per_node=1, one batch ahead). The sync run is one
+worker doing both, one torch thread (the ceiling of the overlap is then about 2x); `--sync-threads 2` gives it both
+cores instead. Reported: the median of timing_s/step over the timed steps (the warm-up steps left out), the speedup
+(sync / async), and the async run's mean staleness.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ sys.path.insert(0, str(BENCH))
 from _models import bench_shape_model  # noqa: E402
 
 PRESET = {
-    "data.train_files": "toy:letter", "data.toy_size": 256, "data.batch_size": 8, "data.max_prompt_length": 64,
+    "data.train_files": "toy:letter", "data.toy_size": 256, "data.batch_size": 4, "data.max_prompt_length": 64,
     "data.max_response_length": 64, "rollout.name": "builtin", "rollout.n": 4, "algorithm.adv_estimator": "grpo",
     "actor.lr": 1e-5, "actor.use_kl_loss": False, "trainer.device": "cpu", "trainer.seed": 1,
     "trainer.val_before_train": False, "trainer.test_freq": -1, "trainer.save_freq": -1, "trainer.tensorboard": False,
@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="timed steps per run (after the warm-up)")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out at the start of each run")
-    parser.add_argument("--sync-threads", type=int, default=2, help="torch threads of the sync run (2: the same cores)")
+    parser.add_argument("--sync-threads", type=int, default=1,
+                        help="torch threads of the sync run (1: one worker's, as each async worker has; 2: all cores)")
     parser.add_argument("--prompts", type=int, default=PRESET["data.batch_size"], help="prompts per step")
     parser.add_argument("--new-tokens", type=int, default=PRESET["data.max_response_length"], help="tokens per response")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
