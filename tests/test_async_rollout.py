@@ -210,12 +210,9 @@ def test_kubernetes_gives_the_rollout_a_worker_group_of_its_own_on_a_ray_cluster
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_with_ray_workers_the_rollout_is_a_ray_pool_of_its_own(tmp_path, capsys):
-    from conftest import require
-    import importlib.util
-
-    require(importlib.util.find_spec("ray") is not None, "Ray is not installed (the runtime extra)")
-    rows = train(tmp_path, "ray", ["trainer.mode=separate_async", "trainer.n_workers=2", "ray.num_cpus=3"], steps=3)
+def test_with_ray_workers_the_rollout_is_a_ray_pool_of_its_own(tmp_path, capsys, ray_session):
+    # ray_session: this module's Ray (4 CPUs), shut down after it; the trainer joins it and leaves it running
+    rows = train(tmp_path, "ray", ["trainer.mode=separate_async", "trainer.n_workers=2"], steps=3)
     assert "1 Ray worker(s) for rollout" in capsys.readouterr().out
     assert [row[f"{STALENESS}/max"] for row in rows] == [0, 1, 1]
 
