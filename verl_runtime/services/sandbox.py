@@ -16,7 +16,9 @@ Each request runs untrusted code in a child process that is limited by the kerne
   output (stdout and stderr are files limited by RLIMIT_FSIZE: a flood ends the child, what it wrote up to the limit
   is returned), processes, and a working directory of its own that is removed afterwards;
 - an environment of its own: nothing of the server's (no tokens, no credentials) reaches the code;
-- a lower CPU priority than the server's (nice 10), so runs that burn CPU never slow its answers (health, busy).
+- a slightly lower CPU priority than the server's (nice 2), so the server wins a tie for a core against runs that
+  burn CPU; not lower, since on a host shared with other work (a trainer, image builds) a run at nice 10 got a tenth
+  of a core and the agentic quickstart's step took four times as long.
 
 At most --concurrency runs at once and --queue requests waiting; past that a request is answered at once with 503
 and Retry-After (serving.py), and GET /metrics counts requests, rejections and the runs stopped at a limit.
@@ -91,7 +93,7 @@ def _confine(limits: Limits, run_timeout: float, memory_mb: int, isolation: str)
             os.setgroups([])
             os.setgid(NOBODY)
             os.setuid(NOBODY)
-        os.nice(10)
+        os.nice(2)
         cpu = math.ceil(run_timeout) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
