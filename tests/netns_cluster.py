@@ -29,6 +29,20 @@ def usable() -> str | None:
     return f"needs {', '.join(missing)} (apt-get install iproute2 iptables util-linux)" if missing else None
 
 
+def started(tag: str, size: int):
+    """A fixture's body: a cluster of `size` namespaces, opened, yielded and closed (even after a failed test); the
+    test skips (outside CI) or fails (CI=true) where namespaces cannot be made here."""
+    from conftest import require
+
+    reason = usable()
+    require(reason is None, f"network namespaces: {reason}")
+    made = Cluster(tag=f"{tag}{os.getpid() % 1000}", size=size)
+    try:
+        yield made.open()
+    finally:
+        made.close()
+
+
 @dataclass
 class Node:
     rank: int

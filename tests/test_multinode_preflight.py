@@ -11,8 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import require
-from netns_cluster import Cluster, usable
+from netns_cluster import Cluster, started
 
 pytestmark = pytest.mark.slow  # seconds each, as root; the verdicts' fast tests: tests/test_preflight_verdicts.py
 PORT = 29400
@@ -21,13 +20,7 @@ JOIN_TIMEOUT_S = 10  # a missing node or a blocked port is named after this
 
 @pytest.fixture
 def cluster(request):
-    reason = usable()
-    require(reason is None, f"network namespaces: {reason}")
-    made = Cluster(tag=f"{os.getpid() % 1000}", size=3)
-    try:
-        yield made.open()
-    finally:
-        made.close()
+    yield from started("", 3)
 
 
 def doctor(cluster: Cluster, ranks=None, env=None, shm=None, timeout=JOIN_TIMEOUT_S, auto=False) -> tuple[dict, float]:

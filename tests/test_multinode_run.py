@@ -14,9 +14,8 @@ import sys
 import time
 
 import pytest
-from conftest import require
 from launch_support import QUICKSTART, cli, metrics_steps
-from netns_cluster import Cluster, usable
+from netns_cluster import Cluster, started
 
 from verl_runtime.rundir import JOB_EXIT
 
@@ -44,13 +43,7 @@ exit $code
 
 @pytest.fixture
 def cluster():
-    reason = usable()
-    require(reason is None, f"network namespaces: {reason}")
-    made = Cluster(tag=f"r{os.getpid() % 1000}", size=2)
-    try:
-        yield made.open()
-    finally:
-        made.close()
+    yield from started("r", 2)
 
 
 def run_job(cluster: Cluster, tmp_path, run_id: str) -> tuple[int, str]:

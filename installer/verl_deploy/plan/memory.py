@@ -163,13 +163,14 @@ def split_pools(colocated: MemoryPlan, shape: ModelShape, total_bytes: int, engi
     verdict = ("the split fits where colocated would not" if fit(split) == "fits" != fit(colocated) else
                "colocated would fit where the split does not" if fit(colocated) == "fits" != fit(split) else
                "both fit" if fit(split) == "fits" else "neither fits")
-    split.notes.append(f"trainer.mode=separate_async on GPUs of {colocated_size(total_bytes)}: trainer GPUs peak "
-                       f"{colocated_size(max(p.peak for p in trainer))}, rollout GPUs {colocated_size(rollout.peak)}; "
-                       f"colocated (sync) the peak would be {colocated_size(colocated.peak)}: {verdict}")
+    split.notes.append(f"trainer.mode=separate_async on GPUs of {gib(total_bytes)}: trainer GPUs peak "
+                       f"{gib(max(p.peak for p in trainer))}, rollout GPUs {gib(rollout.peak)}; "
+                       f"colocated (sync) the peak would be {gib(colocated.peak)}: {verdict}")
     return split
 
 
-def colocated_size(value: int) -> str:
+def gib(value: float) -> str:
+    """Bytes in a note: GiB with one decimal."""
     return f"{value / GiB:.1f} GiB"
 
 
@@ -188,7 +189,6 @@ def _vllm_check(work: Workload, shape: ModelShape, lengths: Lengths, total_bytes
     per_token = _kv_per_token(shape, 2, 2, work.rollout_tp)
     kv = pool - weights - overhead
     longest = work.max_prompt_length + work.max_response_length
-    gib = lambda b: f"{b / GiB:.1f} GiB"  # noqa: E731
     if kv < per_token * longest:
         return (f"vLLM's share ({work.gpu_memory_utilization:g} x {gib(total_bytes)} = {gib(pool)}) cannot hold its "
                 f"weights ({gib(weights)}), its workspace (~{gib(overhead)}) and the KV cache of one "
