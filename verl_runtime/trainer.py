@@ -167,7 +167,7 @@ class SingleControllerTrainer:
                     with stopped_at(step, run_dir):
                         with timer("gen", timing):
                             if self.pipeline is None:
-                                batch, loop_metrics = generate(step)
+                                batch, loop_metrics = self._rollout(prompts, sampling)
                             else:  # generated while the step before trained (async_rollout.py); the next ones
                                 self.pipeline.fill(step, total, generate)  # start now, to run while this one trains
                                 batch, loop_metrics, off_policy = self.pipeline.take(step, generate)
