@@ -4,8 +4,10 @@ preflight.py asks real sockets (a closed port, a local HTTP server); verify.py c
 CPU build) against what a variant says; prune.py removes real installed distributions from a real site folder.
 """
 
+import ctypes
 import http.server
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -92,14 +94,15 @@ def test_verify_stops_a_build_whose_dependencies_replaced_torch():
     assert result.returncode == 1 and "replaced torch 2.99.0 with" in result.stdout
 
 
-def installed(site: Path, name: str, files: dict[str, str]) -> None:
+def installed(site: Path, name: str, files: dict[str, str], requires: tuple[str, ...] = ()) -> None:
     """A distribution laid out as pip installs one: its files, METADATA and a RECORD that lists them."""
     info = site / f"{name}-1.0.dist-info"
     info.mkdir(parents=True)
     for rel, text in files.items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_text(text)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
     record = [f"{rel},," for rel in files] + [f"{info.name}/METADATA,,", f"{info.name}/RECORD,,"]
     (info / "RECORD").write_text("\n".join(record) + "\n")
 
@@ -114,6 +117,65 @@ def test_prune_removes_distributions_and_paths_from_a_site_folder(tmp_path):
     assert (site / "keep" / "__init__.py").exists() and (site / "keep-1.0.dist-info").exists()
     assert not list(site.glob("keep/**/tests"))
     assert "removed 1 unused distributions" in result.stdout and "not installed: not-there" in result.stdout
+
+
+def test_prune_keeps_a_listed_distribution_that_one_staying_requires(tmp_path):
+    """The lists are written against one image; in another a package may need what the list calls unused."""
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    installed(site, "dateparse", {"dateparse/__init__.py": ""})
+    installed(site, "plotting", {"plotting/__init__.py": ""}, requires=("dateparse>=1", "extra-only; extra == 'x'"))
+    installed(site, "extra_only", {"extra_only/__init__.py": ""})
+    installed(site, "loader", {"loader/__init__.py": ""}, requires=("dateparse",))
+    result = script("prune.py", str(site), env={"UNUSED": "plotting dateparse extra-only"})
+    assert result.returncode == 0, result.stderr
+    assert not (site / "plotting").exists() and not (site / "extra_only").exists()
+    assert (site / "dateparse" / "__init__.py").exists()
+    assert "removed 2 unused distributions" in result.stdout and "kept dateparse: loader requires it" in result.stdout
+
+
+needs_toolchain = pytest.mark.skipif(not (shutil.which("gcc") and shutil.which("strip")) and os.environ.get("CI") != "true",
+                                     reason="needs gcc and strip (binutils) to build and strip a real library")
+
+
+def shared_library(path: Path, source: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    c = path.with_suffix(".c")
+    c.write_text(source)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-g", "-o", str(path), str(c)], check=True)
+    c.unlink()
+    return path
+
+
+@needs_toolchain
+def test_prune_strips_symbol_tables_and_the_library_still_loads_and_works(tmp_path):
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    lib = shared_library(site / "native" / "libadd.so", "static int helper(int a) { return a + 1; }\n"
+                         "int add_one(int a) { return helper(a); }\n")
+    vendored = shared_library(site / "native.libs" / "libvendored.so", "int vendored(void) { return 7; }\n")
+    sizes = {p: p.stat().st_size for p in (lib, vendored)}
+    (site / "native" / "notes.so.txt").write_text("not an ELF file")
+    result = script("prune.py", str(site), env={"STRIP": "**/*.so **/*.so.*"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert lib.stat().st_size < sizes[lib] and vendored.stat().st_size == sizes[vendored]
+    symbols = subprocess.run(["nm", str(lib)], capture_output=True, text=True)
+    assert "no symbols" in symbols.stderr  # the static helper's name is gone from the symbol table...
+    assert ctypes.CDLL(str(lib)).add_one(41) == 42  # ...and the exported function still loads and runs
+    assert "stripped the symbol tables of native libraries" in result.stdout
+
+
+@needs_toolchain
+def test_prune_stops_in_one_line_at_a_library_that_no_longer_loads_once_stripped(tmp_path):
+    """A strip that leaves a library unloadable (as it can a patchelf-rewritten one; here a stand-in strip that
+    tears the file): the build stops, naming the library, instead of shipping it."""
+    site = tmp_path / "lib" / "python3.11" / "site-packages"
+    lib = shared_library(site / "native" / "libfine.so", "int fine(void) { return 1; }\n")
+    fake_strip = tmp_path / "bin" / "strip"
+    fake_strip.parent.mkdir()
+    fake_strip.write_text("#!/bin/sh\nfor f in \"$@\"; do case $f in -*) ;; *) printf 'torn' > \"$f\";; esac; done\n")
+    fake_strip.chmod(0o755)
+    result = script("prune.py", str(site), env={"STRIP": "**/*.so", "PATH": f"{fake_strip.parent}:{os.environ['PATH']}"})
+    assert result.returncode == 1
+    assert result.stdout.strip().splitlines()[-1].startswith(f"verl-deploy: {lib} no longer loads once stripped")
 
 
 def test_pip_download_progress_becomes_package_size_and_speed():

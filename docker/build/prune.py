@@ -4,13 +4,25 @@
 
 UNUSED (environment): distribution names, removed file by file from their RECORD (pip would refuse: /opt/deps
 is outside its environment). UNUSED_PATHS: globs under site-packages (C++ test binaries, test suites, Java jars).
+STRIP: globs under site-packages whose ELF files lose their symbol tables (`strip --strip-unneeded`: names for
+debuggers; what the dynamic loader needs stays), except under auditwheel's `*.libs` folders, whose patchelf-rewritten
+libraries strip can leave unloadable. Every stripped shared library is then loaded once in a fresh Python, and the
+build stops in one line at one that no longer loads.
 """
 
 import importlib.metadata
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
+
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # the build's venv before the dependencies: pip's own copy
+    from pip._vendor.packaging.requirements import Requirement
+
+ELF_MAGIC = b"\x7fELF"
 
 
 def canonical(name: str) -> str:
@@ -30,6 +42,25 @@ def remove(path: Path) -> int:
     else:
         path.unlink()
     return freed
+
+
+def still_required(sites: list[str], names: set[str]) -> dict[str, str]:
+    """The listed distributions that a distribution staying in the image requires (name -> one that requires it):
+    the build keeps those, so that a list written for one image cannot break another."""
+    dists = list(importlib.metadata.distributions(path=sites))
+    kept: dict[str, str] = {}
+    while True:
+        staying = [d for d in dists if canonical(d.metadata["Name"] or "") not in names - kept.keys()]
+        found = {}
+        for dist in staying:
+            for line in dist.requires or ():
+                req = Requirement(line)
+                wanted = canonical(req.name)
+                if wanted in names and wanted not in kept and (req.marker is None or req.marker.evaluate({"extra": ""})):
+                    found.setdefault(wanted, canonical(dist.metadata["Name"]))
+        if not found:
+            return kept
+        kept.update(found)
 
 
 def prune_dists(site: Path, names: set[str]) -> tuple[int, set[str]]:
@@ -60,17 +91,76 @@ def prune_paths(site: Path, patterns: list[str]) -> int:
     return freed
 
 
+def is_elf(path: Path) -> bool:
+    if path.is_symlink() or not path.is_file():
+        return False
+    with path.open("rb") as file:
+        return file.read(4) == ELF_MAGIC
+
+
+def strippable(site: Path, patterns: list[str]) -> list[Path]:
+    """The ELF files the globs match, each once, none under an auditwheel `*.libs` folder."""
+    found = {path for pattern in patterns for path in site.glob(pattern)}
+    return sorted(p for p in found if not any(part.endswith(".libs") for part in p.relative_to(site).parts[:-1])
+                  and is_elf(p))
+
+
+# Loads each shared library given on the command line, each on its own, and prints those that do not load.
+LOAD_CHECK = """
+import ctypes, sys
+for path in sys.argv[1:]:
+    try:
+        ctypes.CDLL(path)
+    except OSError as error:
+        print(f"{path}: {error}")
+"""
+
+
+def unloadable(libraries: list[str]) -> dict[str, str]:
+    """Library -> why it does not load (dlopen, every symbol bound now), in a fresh Python."""
+    out = subprocess.run([sys.executable, "-c", LOAD_CHECK, *libraries], capture_output=True, text=True).stdout
+    return dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+
+
+def strip_symbols(site: Path, patterns: list[str]) -> int:
+    """Strip the matching ELF files; stop the build at a library that loaded before and no longer does."""
+    files = strippable(site, patterns)
+    if not files:
+        return 0
+    if not shutil.which("strip"):
+        print("verl-deploy: `strip` (binutils) is not in the build stage; the Dockerfile installs it where STRIP is set")
+        sys.exit(1)
+    before = sum(p.stat().st_size for p in files)
+    libraries = [str(p) for p in files if ".so" in p.name]
+    broken_before = unloadable(libraries)
+    subprocess.run(["strip", "--strip-unneeded", *map(str, files)], check=True)
+    broken = {lib: why for lib, why in unloadable(libraries).items() if lib not in broken_before}
+    if broken:
+        lib, why = next(iter(broken.items()))
+        print(f"verl-deploy: {lib} no longer loads once stripped ({why}); take it out of the variant's `strip` "
+              f"globs in docker/variants.yaml")
+        sys.exit(1)
+    return before - sum(p.stat().st_size for p in files)
+
+
 def main(sites: list[str]) -> int:
     names = {canonical(n) for n in os.environ.get("UNUSED", "").split()}
     patterns = os.environ.get("UNUSED_PATHS", "").split()
-    freed, found = 0, set()
+    strip = os.environ.get("STRIP", "").split()
+    freed, found, stripped = 0, set(), 0
+    kept = still_required(sites, names)
+    names -= kept.keys()
     for site in map(Path, sites):
         dists_freed, dists_found = prune_dists(site, names)
         freed += dists_freed + prune_paths(site, patterns)
         found |= dists_found
+        stripped += strip_symbols(site, strip) if strip else 0
     missing = f"; not installed: {', '.join(sorted(names - found))}" if names - found else ""
+    missing += "".join(f"; kept {name}: {by} requires it" for name, by in sorted(kept.items()))
     print(f"verl-deploy: removed {len(found)} unused distributions and {len(patterns)} unused paths "
           f"({freed / 1e6:,.0f} MB){missing}")
+    if strip:
+        print(f"verl-deploy: stripped the symbol tables of native libraries ({stripped / 1e6:,.0f} MB)")
     return 0
 
 

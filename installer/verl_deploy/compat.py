@@ -68,6 +68,7 @@ class Variant:
     compute_capabilities: tuple[str, ...]
     compiler: bool = False
     unused: tuple[str, ...] = ()  # distributions the build removes again: nothing in the image uses them
+    strip: tuple[str, ...] = ()  # globs under site-packages whose ELF files lose their symbol tables
     runtime: str = DEFAULT_RUNTIME  # what trains in the image (the catalog's `runtimes:`)
 
     @property
@@ -158,6 +159,7 @@ def _variant(name: str, spec: dict, runtime: str = DEFAULT_RUNTIME) -> Variant:
         compute_capabilities=tuple(str(cc) for cc in spec.get("compute_capabilities") or ()),
         compiler=bool(spec.get("compiler", False)),
         unused=tuple(str(name) for name in spec.get("unused") or ()),
+        strip=tuple(str(glob) for glob in spec.get("strip") or ()),
         runtime=runtime,
     )
 

@@ -213,6 +213,7 @@ def build_args(opts: BuildOptions) -> dict[str, str]:
         "COMPILER": "true" if v.compiler else "false",
         "UNUSED": " ".join(unused(v)),
         "UNUSED_PATHS": " ".join(unused_paths(v)),
+        "STRIP": " ".join(v.strip),
         "RUNTIME_VERSION": runtime_version(v.runtime),
         # Our trainer's code, so that an image built from other code under the same version is seen as stale.
         "RUNTIME_SOURCE": runtime_source() if v.runtime == compat.DEFAULT_RUNTIME else "",
