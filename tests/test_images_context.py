@@ -263,7 +263,8 @@ def test_list_shows_the_tag_run_uses_and_other_local_tags_after_it():
     from verl_deploy.images.listing import LocalImage, rows, table
 
     local = {"cpu": [LocalImage((image_tag("cpu"), "reg.example:5000/verl-deploy:mine"), 1_500_000_000, "2026-12-01 12:00")],
-             "cu130": [LocalImage(("verl-deploy-test:cu130",), 9_000_000_000, "2026-12-01 12:30")]}
+             "cu130": [LocalImage(("verl-deploy-test:cu130",), 9_000_000_000, "2026-12-01 12:30")],
+             "services": [LocalImage((image_tag("services"),), 241_000_000, "2026-12-01 12:40")]}
     console = Console(record=True, width=250)
     console.print(table(rows(None, [], local)))
     text = console.export_text()
@@ -274,3 +275,5 @@ def test_list_shows_the_tag_run_uses_and_other_local_tags_after_it():
     # Only another tag of cu130 is here: `run` would not find its image.
     assert f"{image_tag('cu130')} (not built or pulled)" in cu130 and "no NVIDIA GPU" in cu130
     assert "also: verl-deploy-test:cu130" in text
+    services = next(line for line in text.splitlines() if line.startswith("│ services "))
+    assert image_tag("services") in services and "0.24 GB" in services and "no torch" in services and "yes" in services

@@ -116,6 +116,23 @@ def test_build_push_then_pull_back(docker_client, cpu_image, base_image, torch_w
     assert docker_client.api.inspect_image(ref)["Id"] == pushed_id
 
 
+def test_k8s_runs_the_services_from_the_services_image_its_registry_has(docker_client, services_image, registry):
+    """The nodes pull the services image beside the run's from the registry: the run uses it once it is pushed,
+    pinned to the digest the registry answers (asked again after this engine forgot its push), and the run's own
+    image until then (test_services.py)."""
+    from test_services import EXAMPLE, TOOL_PATH
+
+    pushed = verl_deploy("images", "push", "--variant", "services", "--registry", registry)
+    assert pushed.exit_code == 0, pushed.output
+    ref = f"{registry}/verl-deploy:{__version__}-services"
+    digest = pushed.output.split(f"pushed {ref}@")[1].split()[0]
+    docker_client.images.remove(ref)  # an untag: this engine no longer knows the push, the registry still has it
+    shown = verl_deploy("run", EXAMPLE, "--target", "k8s", "--image", f"{registry}/verl-deploy:{__version__}-cpu",
+                        "--run-id", "agent", "--dry-run", *TOOL_PATH)
+    assert shown.exit_code == 0, shown.output
+    assert f"image: {ref}@{digest}\n" in shown.output and "cannot be had" not in shown.output
+
+
 def test_pull_shows_a_bar_per_downloaded_layer(docker_client, registry):
     ref = f"{registry}/verl-deploy-test/layers:1"
     small_image(docker_client, ref)

@@ -235,9 +235,13 @@ def test_by_default_the_services_run_the_services_image_beside_the_runs_and_repl
     assert [line.split(" --name ")[1].split()[0] for line in shown[1:3]] == ["agent-sandbox-1", "agent-sandbox-2"]
     assert all("--network-alias agent-sandbox " in line and f" {services} -m verl_runtime.services.sandbox" in line
                for line in shown[1:3])
+    # On k8s the nodes pull the services image from the registry, which must have it (a registry that has it:
+    # test_images_registry.py); this one cannot be reached, so the services run the run's image, said so.
     shown = cli("run", EXAMPLE, "--target", "k8s", "--image", image, "--run-id", "agent", "--dry-run", *TOOL_PATH,
                 "--set", "services.sandbox.replicas=2").output
-    assert "  replicas: 2\n" in shown and f"image: {services}\n" in shown
+    assert "  replicas: 2\n" in shown and f"image: {services}\n" not in shown
+    assert (f"note: the services image {services} cannot be had (its registry does not have it: `verl-deploy images "
+            f"push --variant services --registry registry.example`): the services run the run's image {image}") in shown
 
 
 def test_slurm_says_the_services_run_beside_the_trainer_on_the_head_node(tmp_path):

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from verl_deploy import compat, host_facts
-from verl_deploy.images.context import ImageError, image_tag
+from verl_deploy.images.context import SERVICES, ImageError, image_tag, services_variant
 from verl_deploy.images.engine import engine
 from verl_deploy.images.stale import rebuild_hint, stale_reason
 
@@ -33,12 +33,13 @@ class Row:
 
 def rows(driver: str | None, capabilities: list[str], local: dict[str, list[LocalImage]]) -> list[Row]:
     """One row per variant of each runtime (ours first): its local images (by the verl-deploy.variant and
-    .runtime labels) and compat's verdict."""
+    .runtime labels) and compat's verdict; last the services image's, which any host runs (no torch, no CUDA)."""
+    services = services_variant()
     return [
         Row(verdict.variant, verdict, tuple(local.get(_key(verdict.variant.runtime, verdict.variant.name), ())))
         for runtime in compat.load_runtimes()
         for verdict in compat.check_variants(driver, capabilities, compat.load_catalog(runtime=runtime))
-    ]
+    ] + [Row(services, compat.Verdict(services, runs=True), tuple(local.get(SERVICES, ())))]
 
 
 def _key(runtime: str, variant: str) -> str:
@@ -81,6 +82,7 @@ def table(found: list[Row], engine_note: str = "", sources: list[LocalImage] | N
         runs = "[green]yes[/]" if row.verdict.runs else f"[yellow]no[/]: {row.verdict.reason}"
         out.add_row(
             v.name if v.runtime == compat.DEFAULT_RUNTIME else f"{v.name}\n[dim]--runtime {v.runtime}[/]",
+            "no torch: the tool services" if v.name == SERVICES else
             f"{v.cuda or 'cpu'} / {v.torch}" + (f" + vLLM {v.vllm}" if v.vllm else "") + _runtime_note(v),
             (tag if image else f"{tag} [dim](not built or pulled)[/]")
             + (f"\n[yellow]stale[/]: {escape(image.stale)}; rebuild: {_hint(v)}" if image and image.stale else "")

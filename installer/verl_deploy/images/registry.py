@@ -208,6 +208,25 @@ def pinned(ref: str) -> str:
     return ref
 
 
+def registry_pinned(ref: str, timeout: int = 10) -> str | None:
+    """ref pinned to the digest its registry has for it now, or None where the registry does not have it, cannot
+    be reached, or no engine answers (never raises): for a choice with a fallback, such as the services image.
+
+    Where the fact comes from: the registry itself, asked through the Docker engine API's distribution inspect
+    (GET /distribution/{name}/json), with this engine's credentials for it."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=timeout)
+        try:
+            digest = client.images.get_registry_data(ref).id
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - no registry, no such tag, no engine: the caller falls back
+        return None
+    return f"{ref}@{digest}" if digest and digest.startswith("sha256:") else None
+
+
 def _familiar(repository: str) -> str:
     """Docker Hub's repositories as the engine shows them (docker.io/library/ubuntu is ubuntu)."""
     if has_registry(repository):

@@ -582,6 +582,33 @@ def cluster_image(spec: JobSpec) -> JobSpec:
     return dataclasses.replace(spec, image=pinned(spec.image))
 
 
+def cluster_services_image(spec: JobSpec) -> tuple[JobSpec, str | None]:
+    """The spec with an image its services' pods can get, and a note where that is not the services image: the
+    services.image the config names, as given; else the services image beside the run's (images/context.services_tag)
+    where its registry has it, pinned to its digest (what this engine pushed or pulled, else what the registry
+    answers; with --image-preloaded, where this engine has it); else the run's own image, which runs them too."""
+    from verl_deploy.images.context import services_tag
+    from verl_deploy.images.engine import inspect_local
+    from verl_deploy.images.registry import pinned, registry_pinned
+
+    if not spec.services or spec.service_image_given or spec.services_image:
+        return spec, None
+    wanted = services_tag(spec.image.partition("@")[0])
+    if wanted is None:  # an image of another name: the run's
+        return spec, None
+    if spec.cluster.image_preloaded:
+        found = wanted if inspect_local(wanted) else None
+    else:
+        found = pinned(wanted) if "@" in pinned(wanted) else registry_pinned(wanted)
+    if found:
+        return dataclasses.replace(spec, services_image=found), None
+    where = ("this host has no such image to load onto the nodes" if spec.cluster.image_preloaded
+             else f"its registry does not have it: `verl-deploy images push --variant services --registry "
+                  f"{wanted.rpartition('/')[0]}`")
+    return dataclasses.replace(spec, services_image=spec.image), (
+        f"note: the services image {wanted} cannot be had ({where}): the services run the run's image {spec.image}")
+
+
 def tag_warning(spec: JobSpec) -> str | None:
     """One line when the image is a tag (cluster_image found no digest to pin it to): each node pulls what the tag
     names when its pod starts, so a tag pushed again in between gives a retry, or a RayJob's workers, another image.
@@ -913,9 +940,11 @@ class K8sLauncher:
 
     def dry_run(self, spec: JobSpec) -> str:
         spec = cluster_image(spec)
+        spec, services_note = cluster_services_image(spec)
         objects = manifests(spec)  # a run they refuse says only why: the warning comes after
-        if warning := tag_warning(spec):
-            print(warning, file=sys.stderr, flush=True)
+        for line in (services_note, tag_warning(spec)):
+            if line:
+                print(line, file=sys.stderr, flush=True)
         header = f"# verl-deploy run {spec.run_id}: kubectl apply -f - (server-side: --server-side)\n"
         header += _cache_note(spec)
         if pools := pools_line(spec):
@@ -929,6 +958,7 @@ class K8sLauncher:
 
     def launch(self, spec: JobSpec, detach: bool = False) -> int:
         spec = cluster_image(spec)
+        spec, services_note = cluster_services_image(spec)
         objects = manifests(spec)
         self.cluster.check_namespace(spec.namespace)
         credentials = secret(spec, dict(os.environ))
@@ -936,7 +966,7 @@ class K8sLauncher:
             objects, note = self._shared_cache(spec, objects)
             applied = [self.cluster.apply(obj) for obj in ([credentials] if credentials else []) + objects]
             self._own_config(spec.namespace, applied)
-        for line in (note, tag_warning(spec)):  # once the cluster took the run: a refused one says only why
+        for line in (note, services_note, tag_warning(spec)):  # once the cluster took the run: a refused one says only why
             if line:
                 print(line, file=sys.stderr, flush=True)
         # The cache claim too: `export` mounts it (the base model's config and tokenizer) beside the run claim.
