@@ -127,7 +127,7 @@ def test_k8s_runs_the_services_from_the_services_image_its_registry_has(docker_c
     ref = f"{registry}/verl-deploy:{__version__}-services"
     digest = pushed.output.split(f"pushed {ref}@")[1].split()[0]
     docker_client.images.remove(ref)  # an untag: this engine no longer knows the push, the registry still has it
-    shown = verl_deploy("run", EXAMPLE, "--target", "k8s", "--image", f"{registry}/verl-deploy:{__version__}-cpu",
+    shown = verl_deploy("run", str(EXAMPLE), "--target", "k8s", "--image", f"{registry}/verl-deploy:{__version__}-cpu",
                         "--run-id", "agent", "--dry-run", *TOOL_PATH)
     assert shown.exit_code == 0, shown.output
     assert f"image: {ref}@{digest}\n" in shown.output and "cannot be had" not in shown.output
