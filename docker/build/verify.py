@@ -121,7 +121,8 @@ def check_verl() -> None:
 def check_services() -> None:
     import importlib
 
-    for module in ("numpy", "verl_runtime.services.sandbox", "verl_runtime.services.retriever"):
+    # uvloop and httptools: uvicorn serves with them where they import, else quietly with asyncio and h11
+    for module in ("numpy", "uvloop", "httptools", "verl_runtime.services.sandbox", "verl_runtime.services.retriever"):
         try:
             importlib.import_module(module)
         except ImportError as exc:
