@@ -17,12 +17,16 @@ Without --url it starts one (`python -m verl_runtime.services.sandbox --port 0`,
   lost               no answer at all (the connection dropped, or no reply within --deadline)
   p50_ms, p99_ms     a request's time from its first try to its answer, retries included (answered ones)
   rejections, rejection_max_ms: every 503 the sandbox gave, and the longest it took to give one
+  probe_*            the same seen by one more client beside the burst, in a process of its own, that sends a quick
+                     print every 50 ms and does not retry: how fast the sandbox turns a request away, apart from the
+                     time the burst's own 128 client threads wait for a core on a small machine
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import random
 import re
 import subprocess
@@ -132,6 +136,23 @@ def client(url: str, kinds: list[str], threads: int, deadline: float) -> Tally:
     return tally
 
 
+def probe(url: str, stop, found) -> None:
+    """One light client beside the burst: a quick print every 50 ms, one try each; the times of its 503s."""
+    body = json.dumps({"language": "python", **MIX["print"][1]}).encode()
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, body), timeout=60) as reply:
+                reply.read()
+        except urllib.error.HTTPError as error:
+            error.read()
+            if error.code == 503:
+                found.append((time.monotonic() - started) * 1000)
+        except OSError:
+            pass
+        stop.wait(0.05)
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -183,6 +204,10 @@ def main(argv=None) -> int:
     try:
         started = time.monotonic()
         kinds, processes = mix(args.requests, args.seed), min(args.processes, args.concurrency)
+        manager = multiprocessing.Manager()
+        stop, probed = manager.Event(), manager.list()
+        prober = multiprocessing.Process(target=probe, args=(base + "/run_code", stop, probed))
+        prober.start()
         with ProcessPoolExecutor(processes) as pool:
             shares = [pool.submit(client, base + "/run_code", kinds[i::processes],
                                   args.concurrency // processes + (i < args.concurrency % processes), args.deadline)
@@ -190,6 +215,10 @@ def main(argv=None) -> int:
             for share in shares:
                 tally.add(share.result())
         wall = time.monotonic() - started
+        stop.set()
+        prober.join(60)
+        probe_ms = list(probed)
+        manager.shutdown()
         stopped = kills(base)
     finally:
         if server is not None:
@@ -205,6 +234,10 @@ def main(argv=None) -> int:
         "rejection_max_ms": round(max(tally.rejections_ms, default=0.0), 1),
         "rejection_p99_ms": round(percentile(tally.rejections_ms, 0.99), 1),
         "rejections_over_100ms": sum(ms > 100 for ms in tally.rejections_ms),
+        "probe_rejections": len(probe_ms), "probe_rejection_p50_ms": round(percentile(probe_ms, 0.5), 1),
+        "probe_rejection_p99_ms": round(percentile(probe_ms, 0.99), 1),
+        "probe_rejection_max_ms": round(max(probe_ms, default=0.0), 1),
+        "probe_rejections_over_100ms": sum(ms > 100 for ms in probe_ms),
         "sandbox_kills": stopped, "wall_s": round(wall, 1), "server_concurrency": None if args.url else args.server_concurrency,
         "mix": {name: share for name, (share, _, _) in MIX.items()}, "error_samples": tally.samples,
     }

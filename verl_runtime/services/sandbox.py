@@ -29,10 +29,8 @@ Run it: `python -m verl_runtime.services.sandbox --port 8080` (GET /health for r
 from __future__ import annotations
 
 import argparse
-import ctypes
 import math
 import os
-import resource
 import shutil
 import signal
 import stat
@@ -48,7 +46,6 @@ from prometheus_client import Counter
 from verl_runtime.services import serving
 
 NOBODY = 65534
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 # python: this Python in isolated mode (-I: no PYTHON* variables, no user site), with the packages it has (where
 # the sandbox user cannot reach it, e.g. under a root-only home, the system's python3)
 LANGUAGES = {"python": ("main.py", ("python", "-I", "main.py")), "bash": ("main.sh", ("bash", "main.sh"))}
@@ -75,35 +72,30 @@ class SandboxError(ValueError):
     """A request the sandbox cannot run (SandboxFusion's "SandboxError" status), one line."""
 
 
-def _libc_unshare(flags: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(flags) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
+# The confinement is a chain of util-linux's and coreutils' programs, each setting one thing and exec'ing the next
+# (Debian's essential packages: in every image and on every host that runs this), not Python between fork and exec:
+# preexec_fn is unsafe in a server with threads (the child may deadlock before exec), and forking the server
+# holds its GIL, which stalls the event loop that answers /health and turns requests away.
+CONFINE_PROGRAMS = ("prlimit", "unshare", "setpriv", "nice")
+NICE = 2
 
 
-def _confine(limits: Limits, run_timeout: float, memory_mb: int, isolation: str):
-    """The child's set-up between fork and exec: its own network (none) and user, then the kernel's limits."""
+def confinement(limits: Limits, run_timeout: float, memory_mb: int, isolation: str) -> list[str]:
+    """The command words that put the program after them in its confinement: the kernel's limits (CPU time, address
+    space, file size, processes, no core files), its own network (none), not root, a lower CPU priority."""
     as_root = os.geteuid() == 0
-
-    def confine() -> None:
-        if isolation == "namespace":
-            _libc_unshare(CLONE_NEWNET if as_root else CLONE_NEWUSER | CLONE_NEWNET)
-        if as_root:  # never run the code as root
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-        os.nice(2)
-        cpu = math.ceil(run_timeout) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.output_bytes, limits.output_bytes))
-        if as_root:  # nobody's processes (as another user, a container's pids limit bounds them)
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # a flood of output ends the child (Python's own: EFBIG)
-
-    return confine
+    cpu = math.ceil(run_timeout) + 1
+    memory = memory_mb << 20
+    words = ["prlimit", f"--cpu={cpu}:{cpu}", f"--as={memory}:{memory}",
+             f"--fsize={limits.output_bytes}:{limits.output_bytes}", "--core=0:0"]
+    if as_root:  # nobody's processes (as another user, a container's pids limit bounds them)
+        words.append(f"--nproc={limits.processes}:{limits.processes}")
+    words.append("--")
+    if isolation == "namespace":  # a user namespace where the server is not root (nobody inside it)
+        words += ["unshare", "--net", "--"] if as_root else ["unshare", "--user", "--net", "--"]
+    if as_root:  # never run the code as root
+        words += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+    return words + ["nice", "-n", str(NICE), "--"]
 
 
 def _number(request: dict, key: str, default: float, ceiling: float) -> float:
@@ -176,9 +168,10 @@ def _run(code, stdin, language, run_timeout, memory_mb, limits, isolation, workd
     started = time.monotonic()
     with open(workdir / "stdin", "rb") as given, open(workdir / ".stdout", "wb+") as out, \
             open(workdir / ".stderr", "wb+") as err:
-        child = subprocess.Popen(command, cwd=workdir, env=env, stdin=given, stdout=out, stderr=err,
-                                 start_new_session=True, close_fds=True,
-                                 preexec_fn=_confine(limits, run_timeout, memory_mb, isolation))
+        # restore_signals: SIGXFSZ back to its default, so that a flood of output ends the child (Python ignores it)
+        child = subprocess.Popen([*confinement(limits, run_timeout, memory_mb, isolation), *command], cwd=workdir,
+                                 env=env, stdin=given, stdout=out, stderr=err, start_new_session=True, close_fds=True,
+                                 restore_signals=True)
         try:
             returned = child.wait(timeout=run_timeout)
         except subprocess.TimeoutExpired:
