@@ -41,6 +41,7 @@ RUN set -f \
  && python /extras/build/verify.py deps
 
 ARG UNUSED=
+ARG ORPHANS=
 ARG UNUSED_PATHS=
 COPY build/prune.py /extras/build/
 RUN python /extras/build/prune.py $(echo /opt/venv/lib/python3*/site-packages)

@@ -46,6 +46,7 @@ RUN set -f \
  && cd /tmp && python /extras/build/verify.py verl
 
 ARG UNUSED=
+ARG ORPHANS=
 ARG UNUSED_PATHS=
 COPY build/prune.py /extras/build/
 RUN python /extras/build/prune.py $(echo /opt/venv/lib/python3*/site-packages) \

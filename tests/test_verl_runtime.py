@@ -125,8 +125,9 @@ def test_images_list_shows_verl_s_image_beside_ours():
     local = {"verl/cu130": [LocalImage((IMAGE,), 12_000_000_000, "2026-12-01 19:00")]}
     found = rows("580.159.04", ["9.0"], local)
     assert [(r.variant.runtime, r.variant.name) for r in found] == [
-        ("verl-deploy", "cpu"), ("verl-deploy", "cu128"), ("verl-deploy", "cu130"), ("verl", "cu130")]
-    assert found[-1].images and not found[2].images  # by the runtime label, not the variant's alone
+        ("verl-deploy", "cpu"), ("verl-deploy", "cu128"), ("verl-deploy", "cu130"), ("verl", "cu130"),
+        ("verl-deploy", "services")]
+    assert found[3].images and not found[2].images  # by the runtime label, not the variant's alone
     console = Console(width=250, record=True)
     console.print(table(found))
     text = console.export_text()

@@ -3,7 +3,9 @@
     python prune.py SITE_PACKAGES...
 
 UNUSED (environment): distribution names, removed file by file from their RECORD (pip would refuse: /opt/deps
-is outside its environment). UNUSED_PATHS: globs under site-packages (C++ test binaries, test suites, Java jars).
+is outside its environment), whatever requires them (vLLM requires FlashInfer, which the images leave out on purpose).
+ORPHANS: distributions that only those removed required, removed the same way where no distribution staying in the
+image requires them (kept otherwise, and said), so that a list read off one image cannot break another. UNUSED_PATHS: globs under site-packages (C++ test binaries, test suites, Java jars).
 STRIP: globs under site-packages whose ELF files lose their symbol tables (`strip --strip-unneeded`: names for
 debuggers; what the dynamic loader needs stays), except under auditwheel's `*.libs` folders, whose patchelf-rewritten
 libraries strip can leave unloadable. Every stripped shared library is then loaded once in a fresh Python, and the
@@ -44,20 +46,23 @@ def remove(path: Path) -> int:
     return freed
 
 
-def still_required(sites: list[str], names: set[str]) -> dict[str, str]:
-    """The listed distributions that a distribution staying in the image requires (name -> one that requires it):
-    the build keeps those, so that a list written for one image cannot break another."""
+def still_required(sites: list[str], unused: set[str], orphans: set[str]) -> dict[str, str]:
+    """The orphans that a distribution staying in the image requires (name -> one that requires it): staying is
+    neither unused nor an orphan, or an orphan kept so."""
     dists = list(importlib.metadata.distributions(path=sites))
     kept: dict[str, str] = {}
     while True:
-        staying = [d for d in dists if canonical(d.metadata["Name"] or "") not in names - kept.keys()]
+        gone = unused | (orphans - kept.keys())
         found = {}
-        for dist in staying:
+        for dist in dists:
+            name = canonical(dist.metadata["Name"] or "")
+            if name in gone:
+                continue
             for line in dist.requires or ():
                 req = Requirement(line)
                 wanted = canonical(req.name)
-                if wanted in names and wanted not in kept and (req.marker is None or req.marker.evaluate({"extra": ""})):
-                    found.setdefault(wanted, canonical(dist.metadata["Name"]))
+                if wanted in orphans and wanted not in kept and (req.marker is None or req.marker.evaluate({"extra": ""})):
+                    found.setdefault(wanted, name)
         if not found:
             return kept
         kept.update(found)
@@ -144,12 +149,13 @@ def strip_symbols(site: Path, patterns: list[str]) -> int:
 
 
 def main(sites: list[str]) -> int:
-    names = {canonical(n) for n in os.environ.get("UNUSED", "").split()}
+    unused = {canonical(n) for n in os.environ.get("UNUSED", "").split()}
+    orphans = {canonical(n) for n in os.environ.get("ORPHANS", "").split()} - unused
     patterns = os.environ.get("UNUSED_PATHS", "").split()
     strip = os.environ.get("STRIP", "").split()
     freed, found, stripped = 0, set(), 0
-    kept = still_required(sites, names)
-    names -= kept.keys()
+    kept = still_required(sites, unused, orphans)
+    names = (unused | orphans) - kept.keys()
     for site in map(Path, sites):
         dists_freed, dists_found = prune_dists(site, names)
         freed += dists_freed + prune_paths(site, patterns)

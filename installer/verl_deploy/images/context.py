@@ -212,6 +212,7 @@ def build_args(opts: BuildOptions) -> dict[str, str]:
         "VLLM_VERSION": v.vllm or "",
         "COMPILER": "true" if v.compiler else "false",
         "UNUSED": " ".join(unused(v)),
+        "ORPHANS": " ".join(build_defaults().get("orphans") or ()),
         "UNUSED_PATHS": " ".join(unused_paths(v)),
         "STRIP": " ".join(v.strip),
         "RUNTIME_VERSION": runtime_version(v.runtime),
