@@ -5,7 +5,8 @@
 UNUSED (environment): distribution names, removed file by file from their RECORD (pip would refuse: /opt/deps
 is outside its environment), whatever requires them (vLLM requires FlashInfer, which the images leave out on purpose).
 ORPHANS: distributions that only those removed required, removed the same way where no distribution staying in the
-image requires them (kept otherwise, and said), so that a list read off one image cannot break another. UNUSED_PATHS: globs under site-packages (C++ test binaries, test suites, Java jars).
+image requires them (kept otherwise, and said), so that a list read off one image cannot break another.
+UNUSED_PATHS: globs under site-packages (C++ test binaries, test suites, Java jars).
 STRIP: globs under site-packages whose ELF files lose their symbol tables (`strip --strip-unneeded`: names for
 debuggers; what the dynamic loader needs stays), except under auditwheel's `*.libs` folders, whose patchelf-rewritten
 libraries strip can leave unloadable. Every stripped shared library is then loaded once in a fresh Python, and the
@@ -49,20 +50,18 @@ def remove(path: Path) -> int:
 def still_required(sites: list[str], unused: set[str], orphans: set[str]) -> dict[str, str]:
     """The orphans that a distribution staying in the image requires (name -> one that requires it): staying is
     neither unused nor an orphan, or an orphan kept so."""
-    dists = list(importlib.metadata.distributions(path=sites))
+    requires: dict[str, set[str]] = {}  # distribution -> the orphans it requires (extras aside)
+    for dist in importlib.metadata.distributions(path=sites):
+        wanted = requires.setdefault(canonical(dist.metadata["Name"] or ""), set())
+        for line in dist.requires or ():
+            req = Requirement(line)
+            if canonical(req.name) in orphans and (req.marker is None or req.marker.evaluate({"extra": ""})):
+                wanted.add(canonical(req.name))
     kept: dict[str, str] = {}
     while True:
         gone = unused | (orphans - kept.keys())
-        found = {}
-        for dist in dists:
-            name = canonical(dist.metadata["Name"] or "")
-            if name in gone:
-                continue
-            for line in dist.requires or ():
-                req = Requirement(line)
-                wanted = canonical(req.name)
-                if wanted in orphans and wanted not in kept and (req.marker is None or req.marker.evaluate({"extra": ""})):
-                    found.setdefault(wanted, name)
+        found = {orphan: name for name, wanted in requires.items() if name not in gone
+                 for orphan in wanted - kept.keys()}
         if not found:
             return kept
         kept.update(found)

@@ -76,7 +76,6 @@ class SandboxError(ValueError):
 # (Debian's essential packages: in every image and on every host that runs this), not Python between fork and exec:
 # preexec_fn is unsafe in a server with threads (the child may deadlock before exec), and forking the server
 # holds its GIL, which stalls the event loop that answers /health and turns requests away.
-CONFINE_PROGRAMS = ("prlimit", "unshare", "setpriv", "nice")
 NICE = 2
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from verl_deploy.images.context import ImageError
 
@@ -20,17 +20,22 @@ def engine(timeout: int = 60) -> Any:
     return client
 
 
-def inspect_local(ref: str) -> dict | None:
-    """The engine's inspect of a local image (GET /images/{name}/json), or None where there is no such image, the
-    reference is malformed or no engine answers within a few seconds: for the checks that only add a word (a pinned
-    digest, a stale warning) and must never stop a command. Never raises."""
+def ask_quietly(question: Callable[[Any], Any], timeout: int = 5) -> Any:
+    """question(client) with a client of its own, or None where it fails or no engine answers within `timeout`
+    seconds: for the checks that only add a word or choose a fallback, and must never stop a command. Never raises."""
     try:
         import docker
 
-        client = docker.from_env(timeout=5)
+        client = docker.from_env(timeout=timeout)
         try:
-            return client.api.inspect_image(ref)
+            return question(client)
         finally:
             client.close()
     except Exception:
         return None
+
+
+def inspect_local(ref: str) -> dict | None:
+    """The engine's inspect of a local image (GET /images/{name}/json), or None where there is no such image, the
+    reference is malformed or no engine answers within a few seconds (a pinned digest, a stale warning)."""
+    return ask_quietly(lambda client: client.api.inspect_image(ref))

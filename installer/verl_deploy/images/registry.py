@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn
 
 from verl_deploy.images.context import ImageError
-from verl_deploy.images.engine import engine, inspect_local
+from verl_deploy.images.engine import ask_quietly, engine, inspect_local
 
 # Per-layer statuses that end a layer's bar.
 LAYER_DONE = ("Pull complete", "Already exists", "Pushed", "Layer already exists", "Mounted from")
@@ -214,16 +214,7 @@ def registry_pinned(ref: str, timeout: int = 10) -> str | None:
 
     Where the fact comes from: the registry itself, asked through the Docker engine API's distribution inspect
     (GET /distribution/{name}/json), with this engine's credentials for it."""
-    try:
-        import docker
-
-        client = docker.from_env(timeout=timeout)
-        try:
-            digest = client.images.get_registry_data(ref).id
-        finally:
-            client.close()
-    except Exception:  # noqa: BLE001 - no registry, no such tag, no engine: the caller falls back
-        return None
+    digest = ask_quietly(lambda client: client.images.get_registry_data(ref).id, timeout)
     return f"{ref}@{digest}" if digest and digest.startswith("sha256:") else None
 
 

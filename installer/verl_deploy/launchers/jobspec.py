@@ -182,8 +182,8 @@ class JobSpec:
     # --verl-source), and that source's labels (path or URL, commit, dirty), which launch.json and `status` keep.
     trainer: tuple[str, ...] = ()
     verl_source: dict = field(default_factory=dict)
-    # The image the launcher found for the services where the config names none (docker: the run's own when the
-    # services image could not be had); None: service_image's default.
+    # The image the launcher found for the services where the config names none (docker and k8s: the services
+    # image, or the run's own when the services image could not be had); None: service_image's default.
     services_image: str | None = None
     # The config as build_spec loaded and checked it (ours; None for upstream verl's): the checks before launch and
     # the memory plan read it instead of loading it again. Not recorded: launch.json keeps the path and overrides.

@@ -598,8 +598,10 @@ def cluster_services_image(spec: JobSpec) -> tuple[JobSpec, str | None]:
         return spec, None
     if spec.cluster.image_preloaded:
         found = wanted if inspect_local(wanted) else None
+    elif "@" in (known := pinned(wanted)):  # this engine pushed or pulled it
+        found = known
     else:
-        found = pinned(wanted) if "@" in pinned(wanted) else registry_pinned(wanted)
+        found = registry_pinned(wanted)
     if found:
         return dataclasses.replace(spec, services_image=found), None
     where = ("this host has no such image to load onto the nodes" if spec.cluster.image_preloaded
