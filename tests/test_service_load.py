@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
+import signal
 import threading
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,6 +114,32 @@ def test_the_client_gives_up_at_its_deadline_and_says_so(run_in_thread):
         with pytest.raises(client.Busy, match="was busy until the deadline"):
             client.post_json(base + "/run_code", {"code": "print(1)"}, timeout=10, within=0.5)
         assert time.monotonic() - started < 2.5  # within its half second (and one backoff), not the run's 3 s
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def test_runs_are_started_by_worker_processes_and_a_killed_worker_costs_only_its_request(run_in_thread):
+    """The server's threads never start a run (one preempted while it held the GIL would stall the event loop, and
+    every 503 with it): its worker processes do. One killed under a run answers that request in one line."""
+    with serving(concurrency=1, queue=0) as base:
+        running = run_in_thread(post, base + "/run_code", {"code": "import time; time.sleep(3); print('slept')"})
+        deadline = time.monotonic() + 20
+        while not (workers := [w for w in children(os.getpid()) if children(w)]):  # a worker, its run started
+            assert time.monotonic() < deadline, "no worker process started the run"
+            time.sleep(0.05)
+        assert b"anyio.to_process" in Path(f"/proc/{workers[0]}/cmdline").read_bytes()
+
+        os.kill(workers[0], signal.SIGKILL)
+        code, _, reply = running.result()
+        assert (code, reply) == (500, {"message": "the sandbox worker answering this request died: try again"})
+        assert post(base + "/run_code", {"code": "print(6 * 7)"})[2]["run_result"]["stdout"] == "42\n"
 
 
 def test_runs_stopped_at_a_limit_are_counted(sandbox_server):

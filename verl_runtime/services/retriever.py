@@ -125,9 +125,8 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"retriever: serving retrieve on http://{args.host}:{server.server_port} ({len(index.documents)} "
-          "documents)", file=sys.stderr, flush=True)
-    return serving.serve_until_stopped(server)
+    return serving.serve_until_stopped(server, f"retriever: serving retrieve on http://{args.host}:"
+                                               f"{server.server_port} ({len(index.documents)} documents)")
 
 
 if __name__ == "__main__":

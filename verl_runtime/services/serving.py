@@ -1,12 +1,14 @@
 """What the services' HTTP servers share: an ASGI app (Starlette) served by uvicorn, where each JSON endpoint's work
-runs in a thread behind a gate of bounded concurrency. A request past the gate's room is turned away at once
-(503 with Retry-After), never left hanging: the gate answers it in front of the app, with a reply made once, so that
-a burst of turned-away calls costs the event loop as little as it can. GET /health answers beside the gate, GET
-/metrics in Prometheus' text format (requests, in flight, latency, rejections, and what a service counts of its own).
-One log line per request, bodies bounded; turned-away requests a line a second at most, with their count."""
+runs in a worker (a thread, or a process: Endpoint.process) behind a gate of bounded concurrency. A request past the
+gate's room is turned away at once (503 with Retry-After), never left hanging: the gate answers it in front of the
+app, with a reply made once, so that a burst of turned-away calls costs the event loop as little as it can. GET
+/health answers beside the gate, GET /metrics in Prometheus' text format (requests, in flight, latency, rejections,
+and what a service counts of its own). One log line per request, bodies bounded; turned-away requests a line a
+second at most, with their count."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
@@ -14,9 +16,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import anyio
+import anyio.to_process
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.applications import Starlette
@@ -78,8 +82,10 @@ class Gate:
     def leave(self) -> None:
         self.admitted -= 1
 
-    async def work(self, function, *args):
-        """function(*args) in a worker thread, once one of `workers` is free."""
+    async def work(self, function, *args, process: bool = False):
+        """function(*args) in a worker thread (or a worker process), once one of `workers` is free."""
+        if process:
+            return await anyio.to_process.run_sync(function, *args, limiter=self.limiter)
         return await anyio.to_thread.run_sync(function, *args, limiter=self.limiter)
 
 
@@ -92,6 +98,12 @@ class Endpoint:
     answer: Callable[[dict], dict]
     # the body of a 400 for a request that is not a JSON object (a service may answer in its API's own shape)
     not_json: Callable[[str], dict] = lambda why: {"message": f"the request is not a JSON object: {why}"}
+    # answer in worker processes (anyio's, started as needed and kept): answer and its replies must pickle. For work
+    # that spends its time in Python around child processes (the sandbox's runs): in threads, a worker preempted
+    # while it holds the GIL stalls the event loop, and with it every 503 and health check, when cores are short.
+    process: bool = False
+    started: Callable[[], None] = int  # run in each worker process the server starts before it serves (picklable)
+    seen: Callable[[dict], None] = lambda reply: None  # called in the server with each reply (a service's metrics)
 
 
 async def read_json(request: Request) -> dict:
@@ -175,9 +187,14 @@ def app(name: str, endpoints: list[Endpoint], gate: Gate, metrics: Metrics, heal
                 except ValueError as exc:
                     return reply(request, 400, endpoint.not_json(str(exc)))
                 try:
-                    return reply(request, 200, await gate.work(endpoint.answer, body))
+                    answer = await gate.work(endpoint.answer, body, process=endpoint.process)
                 except ValueError as exc:
                     return reply(request, 400, {"message": str(exc).splitlines()[0]})
+                except anyio.BrokenWorkerProcess:  # killed from outside (the OOM killer): this request only
+                    return reply(request, 500, {"message": f"the {name} worker answering this request died: "
+                                                           "try again"})
+                endpoint.seen(answer)
+                return reply(request, 200, answer)
             finally:
                 metrics.latency.labels(name, request.url.path).observe(time.monotonic() - arrived)
 
@@ -199,8 +216,30 @@ def app(name: str, endpoints: list[Endpoint], gate: Gate, metrics: Metrics, heal
     routes = [Route(path, post(endpoint), methods=["POST"]) for endpoint in endpoints for path in endpoint.paths]
     routes += [Route(path, healthy, methods=["GET"]) for path in health]
     routes += [Route("/metrics", prometheus, methods=["GET"])]
-    starlette = Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        for endpoint in endpoints:  # the worker processes started before the first burst, each told so
+            if endpoint.process:
+                async with anyio.create_task_group() as group:
+                    for _ in range(gate.workers):
+                        group.start_soon(partial(anyio.to_process.run_sync, endpoint.started, limiter=gate.limiter))
+        yield
+
+    starlette = Starlette(routes=routes, exception_handlers={HTTPException: not_found}, lifespan=lifespan)
     return Gated(starlette, name, gate, {path for endpoint in endpoints for path in endpoint.paths}, metrics)
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server that says when it serves: after the app's startup (the worker processes started), so that
+    a banner printed then is not followed by a burst that waits for them."""
+
+    ready: Callable[[], None] | None = None
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.ready is not None:
+            self.ready()
 
 
 class Server:
@@ -212,17 +251,19 @@ class Server:
         # a deep accept backlog: a burst of connections waits for the loop instead of being refused by the kernel
         self.socket = socket.create_server((host, port), family=family, backlog=4096)
         self.server_port = self.socket.getsockname()[1]
-        self.uvicorn = uvicorn.Server(uvicorn.Config(asgi_app, lifespan="off", access_log=False, log_level="warning",
+        self.uvicorn = _Uvicorn(uvicorn.Config(asgi_app, lifespan="on", access_log=False, log_level="warning",
                                                      timeout_graceful_shutdown=30))
         self._stopped = threading.Event()
         # What the first request would import (anyio's event-loop backend, its worker threads' code), imported now:
         # otherwise the first burst waits the tens of milliseconds that takes, health checks and 503s included.
         anyio.run(anyio.to_thread.run_sync, int)
 
-    def serve_forever(self) -> None:
-        # The event loop answers health and busy replies; the worker threads' Python (starting runs, reading their
-        # output) must hand it the GIL sooner than the default 5 ms so that those answers come at once.
+    def serve_forever(self, ready: Callable[[], None] | None = None) -> None:
+        """Serve until shutdown; ready() once it serves."""
+        # The event loop answers health and busy replies; the worker threads' Python (a retriever's searches) must
+        # hand it the GIL sooner than the default 5 ms so that those answers come at once.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self.uvicorn.ready = ready
         try:
             self.uvicorn.run(sockets=[self.socket])
         finally:
@@ -236,12 +277,13 @@ class Server:
         self.socket.close()
 
 
-def serve_until_stopped(server: Server) -> int:
-    """Serve until SIGTERM or Ctrl-C (uvicorn finishes what is at work), then close; exit code 0."""
+def serve_until_stopped(server: Server, banner: str) -> int:
+    """Say banner on stderr once it serves, serve until SIGTERM or Ctrl-C (uvicorn finishes what is at work), then
+    close; exit code 0."""
     # uvicorn raises the signal it stopped on again once it is done: that second one is a no-op here
     signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        server.serve_forever()
+        server.serve_forever(ready=lambda: print(banner, file=sys.stderr, flush=True))
     except KeyboardInterrupt:
         pass
     finally:
