@@ -10,11 +10,11 @@ the code's good will:
   is returned), processes, and a working directory of its own that is removed afterwards;
 - an environment of its own: nothing of the server's (no tokens, no credentials) reaches the code;
 - a slightly lower CPU priority than the server's (nice 2, as the worker process that starts it: lower_priority),
-  so the server wins a tie for a core against runs that burn CPU; not lower, since on a host shared with other work
-  (a trainer, image builds) a run at nice 10 got a tenth of a core and the agentic quickstart's step took four
-  times as long. The child stays in the server's session (a
-  process group of its own, not a session): where the kernel groups CPU time by session (autogroup, on by default
-  on Debian and Ubuntu hosts), a session of its own would give each run as much CPU as the server and all else.
+  so the server wins a tie for a core against runs that burn CPU; not lower, since on a host shared with other work (a
+  trainer, image builds) a run at nice 10 got a tenth of a core and the agentic quickstart's step took four times
+  as long. The child stays in the server's session (a process group of its own, not a session): where the kernel
+  groups CPU time by session (autogroup, on by default on Debian and Ubuntu hosts), a session of its own would give
+  each run as much CPU as the server and all else.
 
 Only the standard library: the sandbox's worker processes import this and nothing of the server's stack.
 """
@@ -57,8 +57,8 @@ class SandboxError(ValueError):
 
 # The confinement is a chain of util-linux's and coreutils' programs, each setting one thing and exec'ing the next
 # (Debian's essential packages: in every image and on every host that runs this), not Python between fork and exec:
-# preexec_fn is unsafe in a server with threads (the child may deadlock before exec), and forking the server
-# holds its GIL, which stalls the event loop that answers /health and turns requests away.
+# preexec_fn is unsafe in a process with threads (the child may deadlock before exec: check_isolation runs in the
+# server itself), and its fork holds the caller's GIL until the child execs.
 NICE = 2
 
 
