@@ -1,8 +1,10 @@
-"""Removing what a Docker run made while something else removes it too (a `docker rm -f`, a `runs rm`, the engine):
-a container already gone (404) or whose removal is already in progress (409) is what was asked, on every path that
-removes (the finish of a run, `runs rm`), against the real engine."""
+"""Removing what a Docker run made while something else removes it too (a `docker rm -f`, a `runs rm`, the engine,
+another command that records the run's end): a container already gone (404) or whose removal is already in progress
+(409) is what was asked, on every path that removes (the finish of a run, `runs rm`), against the real engine."""
 
 import contextlib
+import subprocess
+import sys
 import threading
 import time
 
@@ -12,7 +14,7 @@ from docker.models.containers import Container
 from launch_support import QUICKSTART, cli, containers, metrics_steps
 from test_docker_rm import detached_run  # noqa: F401 (a fixture)
 
-from verl_deploy.launchers.docker import discard
+from verl_deploy.launchers.docker import DockerLauncher, discard
 
 pytestmark = pytest.mark.docker
 
@@ -92,3 +94,31 @@ def test_a_finished_run_whose_container_is_removed_from_outside_exits_0(tmp_path
     assert not containers(docker_client, "dock-race")
     status = cli("status", "dock-race", "--runs-dir", runs)
     assert status.output.startswith("dock-race  docker  succeeded (exit 0)"), status.output
+
+
+def test_an_attached_run_whose_end_another_command_records_first_exits_with_its_code(tmp_path, cpu_image,
+                                                                                    docker_client, leftovers,
+                                                                                    monkeypatch):
+    """`verl-deploy runs` in another terminal, under any runs root, records the end of a run whose trainer has
+    exited and removes its containers: here it does so just as the trainer ends, before the launcher that follows
+    the run (attached) records it itself."""
+    runs = tmp_path / "runs"
+    leftovers.append("dock-first")
+    follow, other = DockerLauncher._follow, []
+
+    def follow_then_another_command(self, *args):
+        code = follow(self, *args)
+        other.append(subprocess.run([sys.executable, "-m", "verl_deploy", "runs", "--target", "docker", "--runs-dir",
+                                     str(tmp_path / "elsewhere")], capture_output=True, text=True, timeout=120))
+        return code
+
+    monkeypatch.setattr(DockerLauncher, "_follow", follow_then_another_command)
+    result = cli("run", QUICKSTART, "--target", "docker", "--image", cpu_image, "--runs-dir", runs,
+                 "--run-id", "dock-first", "--set", "trainer.total_training_steps=1", "--set", "trainer.test_freq=-1",
+                 "--set", "data.max_response_length=8", "--shm-size", "1g")
+    assert other[0].returncode == 0 and "dock-first" in other[0].stdout, other[0].stdout + other[0].stderr
+    assert result.exit_code == 0, result.output
+    assert metrics_steps(runs / "dock-first") == [1]
+    assert not containers(docker_client, "dock-first")
+    status = cli("status", "dock-first", "--runs-dir", runs)
+    assert status.output.startswith("dock-first  docker  succeeded (exit 0)"), status.output

@@ -492,14 +492,45 @@ def _ending(state: dict, memory: str | None) -> str:
     return (state.get("Error") or "")[:200]
 
 
+def _reloaded(container) -> bool:
+    """The container's state brought up to date; False where it is gone."""
+    import docker.errors
+
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        return False
+    return True
+
+
+def _exit_code(container, run_dir: Path) -> int:
+    """How the container ended: the engine's word, or, where another command (status, runs, stop) recorded its end
+    and removed it first, that record's."""
+    import docker.errors
+
+    try:
+        return int(container.wait()["StatusCode"])
+    except docker.errors.NotFound:
+        code = runs.read_record(run_dir).get("exit_code")
+        if code is None:
+            print(f"warning: {container.name} was removed before its end was recorded (a `docker rm` from outside?)",
+                  file=sys.stderr)
+            return 1
+        return int(code)
+
+
 def _keep_console(run_dir: Path, container) -> bool:
     """The trainer's console as the run's train.log, where the trainer kept none (upstream verl does not tee it as
     our runtime does), so that `logs` has it once the container is gone: written whole, then renamed. False (and a
     warning) when it cannot be written: the container, which still has it, is kept."""
+    import docker.errors
+
     tmp = run_dir / f".{TRAIN_LOG}.{os.getpid()}.tmp"
     try:
         tmp.write_bytes(container.logs())
         os.replace(tmp, run_dir / TRAIN_LOG)
+    except docker.errors.NotFound:  # another command's finish removed it, having kept its console first
+        return True
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         print(f"warning: cannot keep the console of {container.name} in {run_dir} ({exc.strerror}): "
@@ -569,7 +600,8 @@ class DockerLauncher:
 
     def _run_containers(self, engine, run_id: str) -> list:
         """The containers this launcher made for the run (compose's carry the run-id label too: never touched)."""
-        return engine.containers.list(all=True, filters={"label": [f"{RUN_ID_LABEL}={run_id}", ROLE_LABEL]})
+        return engine.containers.list(all=True, filters={"label": [f"{RUN_ID_LABEL}={run_id}", ROLE_LABEL]},
+                                      ignore_removed=True)  # one another command removes meanwhile is not an error
 
     def _trainer(self, engine, run_id: str):
         """The run's trainer container (for several nodes: the Ray head, which runs the trainer), or None."""
@@ -635,9 +667,10 @@ class DockerLauncher:
             raise launch_fault(exc, spec.run_dir) from None
         if detach:
             return 0  # status, runs, stop or the next launch record its end once the container has exited
-        code = self._follow(container)  # the last one started: the trainer (or the Ray head running it)
+        code = self._follow(container, spec.run_dir)  # the last one started: the trainer (or the Ray head running it)
         self._stop_workers(engine, spec.run_id)
-        container.reload()
+        if not _reloaded(container):  # another command (status, runs, stop) recorded its end and removed it first
+            return code
         self._finish(engine, spec.run_id, container)
         if container.attrs["State"].get("OOMKilled"):
             limit = f"--memory {docker_size(spec.memory)}" if spec.memory else "no --memory limit"
@@ -742,9 +775,9 @@ class DockerLauncher:
         mounted = self._remove_containers(engine, run_id)
         _remove_secrets({*mounted, str(secrets_dir(run_id))})
 
-    def _follow(self, container) -> int:
-        """Stream the logs until the container ends. Ctrl-C sends SIGTERM (the runtime checkpoints, we keep
-        streaming); a second Ctrl-C stops it for good."""
+    def _follow(self, container, run_dir: Path) -> int:
+        """Stream the logs until the container ends; its exit code. Ctrl-C sends SIGTERM (the runtime checkpoints,
+        we keep streaming); a second Ctrl-C stops it for good."""
         interrupts = 0
 
         def on_sigint(signum, frame):
@@ -761,7 +794,7 @@ class DockerLauncher:
             for chunk in container.logs(stream=True, follow=True):
                 sys.stdout.write(chunk.decode(errors="replace"))
                 sys.stdout.flush()
-            return int(container.wait()["StatusCode"])
+            return _exit_code(container, run_dir)
         finally:
             signal.signal(signal.SIGINT, previous)
 
@@ -813,7 +846,7 @@ class DockerLauncher:
         engine = self._live_engine()
         if engine is None:
             return [self._from_record(self.runs_root / run_id, unreachable=True) for run_id in recorded]
-        ours = engine.containers.list(all=True, filters={"label": [RUN_ID_LABEL, ROLE_LABEL]})
+        ours = engine.containers.list(all=True, filters={"label": [RUN_ID_LABEL, ROLE_LABEL]}, ignore_removed=True)
         trainers = {c.labels[RUN_ID_LABEL]: c for c in ours if c.labels[ROLE_LABEL] in TRAINER_ROLES}
         found = [self._observe(engine, run_id, trainers.pop(run_id)) if run_id in trainers
                  else self._from_record(self.runs_root / run_id) for run_id in recorded]
@@ -843,6 +876,8 @@ class DockerLauncher:
 
     def stop(self, run_id: str) -> str | None:
         """SIGTERM to the trainer first (it checkpoints), then to any Ray workers; then record how it ended."""
+        import docker.errors
+
         if not self._recorded(run_id):  # a container of a run kept under another runs root, or nothing
             engine = self._live_engine(quiet=True)
             if engine is None or self._trainer(engine, run_id) is None:
@@ -857,9 +892,11 @@ class DockerLauncher:
                 runs.note_stop(self._run_dir(run_id, container))
             except OSError:
                 pass  # the stop matters more than its note
-            container.stop(timeout=STOP_GRACE_S)
+            with contextlib.suppress(docker.errors.NotFound):  # ended and removed by another command meanwhile
+                container.stop(timeout=STOP_GRACE_S)
         self._stop_workers(engine, run_id)
-        container.reload()
+        if not _reloaded(container):  # that command recorded its end
+            return None
         if container.status == "created":  # never started: nothing ran, nothing to record
             self._remove_all(engine, run_id)
         else:
@@ -868,9 +905,12 @@ class DockerLauncher:
 
     def _stop_workers(self, engine, run_id: str) -> None:
         """The Ray workers and the services: they keep no state of the run (checkpoints are the trainer's)."""
+        import docker.errors
+
         for worker in self._run_containers(engine, run_id):
             if worker.status == "running" and worker.labels.get(ROLE_LABEL) not in TRAINER_ROLES:
-                worker.kill()
+                with contextlib.suppress(docker.errors.NotFound):  # removed meanwhile by another command's finish
+                    worker.kill()
 
     # --- runs rm -------------------------------------------------------------------------------------------------
 
