@@ -31,6 +31,19 @@ def wait_for(predicate, timeout_s=180):
     return False
 
 
+def assert_logged(run_dir, text, container=None):
+    """The run's train.log says text; else an AssertionError in one line (all that the tail of a CI log keeps) with
+    what the log does say, and what the trainer's container printed, where there is one."""
+    path = run_dir / "train.log"
+    log = path.read_text(errors="replace") if path.exists() else None
+    if log is not None and text in log:
+        return
+    said = "no train.log" if log is None else f"train.log of {len(log)} chars starts {log.splitlines()[:3]!r}"
+    if container is not None:
+        said += f"; the container's console starts {container.logs().decode(errors='replace').splitlines()[:3]!r}"
+    raise AssertionError(f"{text!r} is not in {run_dir.name}'s train.log: {said}")
+
+
 def containers(docker_client, run_id, running_only=False):
     """The containers of a run (every one carrying its run-id label)."""
     return docker_client.containers.list(all=not running_only, filters={"label": f"{RUN_ID_LABEL}={run_id}"})

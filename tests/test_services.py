@@ -15,7 +15,7 @@ import sys
 import pytest
 import yaml
 from conftest import REPO, require
-from launch_support import cli, containers, metrics_steps, wait_for
+from launch_support import assert_logged, cli, containers, metrics_steps, wait_for
 
 from verl_deploy.launchers.docker import run_options, services_network
 from verl_deploy.launchers.jobspec import build_spec
@@ -278,7 +278,8 @@ def test_docker_runs_the_sandbox_as_a_container_and_leaves_nothing_after(tmp_pat
         assert set(sandbox.attrs["NetworkSettings"]["Networks"]) == {"dock-svc-services"}
         assert "dock-svc-sandbox" in sandbox.attrs["NetworkSettings"]["Networks"]["dock-svc-services"]["Aliases"]
     assert docker_client.networks.get("dock-svc-services").attrs["Internal"] is True  # no route out of it
-    assert "service sandbox: http://dock-svc-sandbox:8080 is healthy" in (run_dir / "train.log").read_text()
+    trainer = docker_client.containers.get("dock-svc")
+    assert_logged(run_dir, "service sandbox: http://dock-svc-sandbox:8080 is healthy", trainer)
     status = cli("status", "dock-svc", "--runs-dir", runs).output
     assert "  services: sandbox http://dock-svc-sandbox:8080\n" in status, status
     # The trainer reaches the sandbox, which runs code as asked, with no network for the program

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO
-from launch_support import cli, containers
+from launch_support import assert_logged, cli, containers
 from transformers import AutoModelForCausalLM
 
 from verl_runtime import tool_lesson
@@ -137,7 +137,7 @@ def test_the_agentic_quickstart_learns_in_docker_with_the_sandbox_as_a_container
     watcher.join()
     assert result.exit_code == 0, result.output
     run_dir = runs / "calc-docker"
-    assert "service sandbox: http://calc-docker-sandbox:8080 is healthy" in (run_dir / "train.log").read_text()
+    assert_logged(run_dir, "service sandbox: http://calc-docker-sandbox:8080 is healthy")  # its containers are gone
     _assert_it_learned_to_call(run_dir)
     assert not containers(docker_client, "calc-docker"), "the trainer's and the sandbox's containers are gone"
     assert not docker_client.networks.list(names=["calc-docker-services"])
