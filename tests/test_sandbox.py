@@ -73,6 +73,12 @@ def test_the_code_runs_as_nobody_with_nothing_of_the_servers_environment(url, mo
     assert int(uid) != 0 and "HF_TOKEN" not in names and "hf_secret" not in reply["run_result"]["stdout"]
 
 
+def test_the_code_runs_below_the_servers_cpu_priority(url):
+    """The server's event loop turns requests away and answers health checks at once however many runs burn CPU."""
+    reply = run(url, "import os; print(os.nice(0))")
+    assert reply["run_result"]["stdout"] == f"{max(sandbox.Limits.nice, os.nice(0))}\n"
+
+
 def test_a_loop_forever_is_killed_at_its_time_limit_with_what_it_started(url):
     reply = run(url, "import subprocess\nsubprocess.Popen(['sleep', '97'])\nwhile True: pass", run_timeout=1)
     assert reply["status"] == "Failed" and reply["run_result"]["status"] == "TimeLimitExceeded"

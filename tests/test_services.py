@@ -21,6 +21,8 @@ from verl_deploy.launchers.docker import run_options, services_network
 from verl_deploy.launchers.jobspec import build_spec
 from verl_deploy.launchers.k8s import manifests
 from verl_deploy.launchers.slurm import SlurmOptions, batch_script
+from verl_runtime.services.client import post_json
+from verl_runtime.services.registry import NICE_BESIDE_TRAINER
 
 EXAMPLE = REPO / "examples" / "tool-sandbox.yaml"
 TOOLS = REPO / "examples" / "tools" / "sandbox_fusion_tool_config.yaml"
@@ -58,6 +60,9 @@ def test_a_local_run_starts_its_sandbox_shows_it_and_stops_it_with_the_run(tmp_p
     url, pid = STARTED.search(log).groups()
     # verl's own tool config names a placeholder URL: the run's sandbox replaces it
     assert f"sandbox_fusion_url is the run's sandbox service, {url}/run_code" in log
+    # beside the trainer, whose CPU its runs share, they are only slightly below it (registry.NICE_BESIDE_TRAINER)
+    ran = post_json(f"{url}/run_code", {"code": "import os; print(os.nice(0))"}, timeout=30)
+    assert ran["run_result"]["stdout"] == f"{max(NICE_BESIDE_TRAINER, os.nice(0))}\n"
     status = cli("status", "svc", "--runs-dir", runs)
     assert f"  services: sandbox {url}\n" in status.output, status.output
     assert json.loads(cli("status", "svc", "--runs-dir", runs, "--json").output)["services"] == {"sandbox": url}

@@ -9,12 +9,13 @@ the code's good will:
   output (stdout and stderr are files limited by RLIMIT_FSIZE: a flood ends the child, what it wrote up to the limit
   is returned), processes, and a working directory of its own that is removed afterwards;
 - an environment of its own: nothing of the server's (no tokens, no credentials) reaches the code;
-- a slightly lower CPU priority than the server's (nice 2, as the worker process that starts it: lower_priority),
-  so the server wins a tie for a core against runs that burn CPU; not lower, since on a host shared with other work (a
-  trainer, image builds) a run at nice 10 got a tenth of a core and the agentic quickstart's step took four times
-  as long. The child stays in the server's session (a process group of its own, not a session): where the kernel
-  groups CPU time by session (autogroup, on by default on Debian and Ubuntu hosts), a session of its own would give
-  each run as much CPU as the server and all else.
+- a lower CPU priority than the server's (Limits.nice, as the worker process that starts it: lower_priority), so
+  that the server's event loop, which turns requests away and answers health checks, gets a core at once however
+  many runs burn CPU: nice 10 where the sandbox has its CPU to itself (a container, a pod, a server of its own);
+  nice 2 beside a trainer that shares its CPU (registry.NICE_BESIDE_TRAINER), where a run at nice 10 got a tenth of
+  a core and the agentic quickstart's step took four times as long. The child stays in the server's session (a
+  process group of its own, not a session): where the kernel groups CPU time by session (autogroup, on by default
+  on Debian and Ubuntu hosts), a session of its own would give each run as much CPU as the server and all else.
 
 Only the standard library: the sandbox's worker processes import this and nothing of the server's stack.
 """
@@ -49,6 +50,7 @@ class Limits:
     max_memory_mb: int = 4096
     output_bytes: int = 64 * 1024  # per stream; also the largest file the code may write
     processes: int = 64  # threads and processes of the sandbox user (RLIMIT_NPROC)
+    nice: int = 10  # the runs' CPU priority, and their worker processes': below the server's own
 
 
 class SandboxError(ValueError):
@@ -59,7 +61,6 @@ class SandboxError(ValueError):
 # (Debian's essential packages: in every image and on every host that runs this), not Python between fork and exec:
 # preexec_fn is unsafe in a process with threads (the child may deadlock before exec: check_isolation runs in the
 # server itself), and its fork holds the caller's GIL until the child execs.
-NICE = 2
 
 
 def confinement(limits: Limits, run_timeout: float, memory_mb: int, isolation: str) -> list[str]:
@@ -77,19 +78,19 @@ def confinement(limits: Limits, run_timeout: float, memory_mb: int, isolation: s
         words += ["unshare", "--net", "--"] if as_root else ["unshare", "--user", "--net", "--"]
     if as_root:  # never run the code as root
         words += ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
-    return words + ["nice", "-n", str(max(0, NICE - os.nice(0))), "--"]  # at NICE, from a worker already there
+    return words + ["nice", "-n", str(max(0, limits.nice - os.nice(0))), "--"]  # from a worker already there
 
 
-def lower_priority() -> None:
-    """A sandbox's worker process at its runs' priority (NICE): the server's event loop, which turns requests away
-    and answers health checks, then wins a tie for a core against both."""
-    if os.nice(0) < NICE:
-        os.nice(NICE - os.nice(0))
+def lower_priority(nice: int = Limits.nice) -> None:
+    """A sandbox's worker process at its runs' priority: the server's event loop, which turns requests away and
+    answers health checks, then wins a core against both."""
+    if os.nice(0) < nice:
+        os.nice(nice - os.nice(0))
 
 
 def in_worker(request: dict, limits: Limits = Limits(), isolation: str = "namespace") -> dict:
     """run_code in a sandbox's worker process (one started after the server's own start, too: lower_priority)."""
-    lower_priority()
+    lower_priority(limits.nice)
     return run_code(request, limits, isolation)
 
 

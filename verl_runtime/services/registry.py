@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The sandbox's runs beside a trainer (local, Slurm) share the trainer's CPU and session: at the sandbox's own
+# default (nice 10, for a container of its own) they got a tenth of a core and the agentic quickstart's step took
+# four times as long (services/confined.py).
+NICE_BESIDE_TRAINER = 2
+
 
 @dataclass(frozen=True)
 class Service:
@@ -29,6 +34,8 @@ class Service:
                 args += ["--concurrency", str(settings.concurrency)]
             if in_container:
                 args += ["--network-isolation", "external"]
+            else:
+                args += ["--nice", str(NICE_BESIDE_TRAINER)]
         if self.name == "retriever" and settings.corpus:
             args += ["--corpus", str(settings.corpus)]
         return args

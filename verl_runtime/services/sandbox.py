@@ -71,7 +71,7 @@ def app(limits: Limits = Limits(), isolation: str = "namespace", concurrency: in
     endpoint = serving.Endpoint(("/run_code", "/v1/run_code"),
                                 functools.partial(in_worker, limits=limits, isolation=isolation),
                                 lambda why: reply("SandboxError", f"the request is not a JSON object: {why}", None),
-                                process=True, started=lower_priority, seen=count)
+                                process=True, started=functools.partial(lower_priority, limits.nice), seen=count)
     return serving.app("sandbox", [endpoint], gate, metrics, health=("/health", "/v1/ping"))
 
 
@@ -99,9 +99,13 @@ def main(argv=None) -> int:
                                                                  f"with Retry-After (default: {QUEUE_PER_RUN} per run)")
     parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb)
     parser.add_argument("--run-timeout", type=float, default=Limits.run_timeout_s)
+    parser.add_argument("--nice", type=int, choices=range(20), default=Limits.nice, metavar="0-19",
+                        help="the runs' CPU priority, below the server's so that it answers at once however many "
+                             f"runs burn CPU (default: {Limits.nice}; beside a trainer that shares the CPU, lower: 2)")
     args = parser.parse_args(argv)
     try:
-        server = serve(args.host, args.port, Limits(run_timeout_s=args.run_timeout, memory_mb=args.memory_mb),
+        server = serve(args.host, args.port, Limits(run_timeout_s=args.run_timeout, memory_mb=args.memory_mb,
+                                                    nice=args.nice),
                        args.network_isolation, args.concurrency, args.queue)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
