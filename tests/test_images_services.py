@@ -48,3 +48,13 @@ def test_the_services_image_is_small_hardened_labelled_and_serves(docker_client,
     out = docker_client.containers.run(services_image, ["-c", code], network_mode="none", cap_drop=["ALL"],
                                        read_only=True, tmpfs={"/tmp": "rw,exec"}, remove=True)
     assert out.decode().strip().splitlines()[-1] == "6"
+    # read-only with nowhere to write a run's working directory: the sandbox says so at its start, not at each request
+    refused = docker_client.containers.run(services_image, ["-m", "verl_runtime.services.sandbox", "--network-isolation",
+                                                            "external"], read_only=True, detach=True)
+    try:
+        assert refused.wait(timeout=60)["StatusCode"] == 2
+        assert refused.logs().decode().strip().splitlines() == [
+            "error: no writable temporary directory for the runs' working directories: give the sandbox one at /tmp "
+            "(a read-only container: docker run --tmpfs /tmp, a Kubernetes emptyDir) or name one in TMPDIR"]
+    finally:
+        refused.remove(force=True)

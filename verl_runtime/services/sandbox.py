@@ -36,6 +36,19 @@ ISOLATIONS = ("namespace", "external")
 QUEUE_PER_RUN = 8
 
 
+def check_workdirs() -> None:
+    """OSError (one line) where no run could have a working directory of its own: no writable temporary directory
+    (a read-only container without a tmpfs at /tmp), where every request would fail."""
+    import tempfile
+
+    try:
+        tempfile.gettempdir()
+    except FileNotFoundError:
+        raise OSError("no writable temporary directory for the runs' working directories: give the sandbox one at "
+                      "/tmp (a read-only container: docker run --tmpfs /tmp, a Kubernetes emptyDir) or name one "
+                      "in TMPDIR") from None
+
+
 def check_isolation(isolation: str) -> None:
     """ValueError (one line) where this host cannot cut a child off the network and nothing else does."""
     if isolation not in ISOLATIONS:
@@ -81,6 +94,7 @@ def serve(host: str, port: int, limits: Limits = Limits(), isolation: str = "nam
     this host lacks."""
     from verl_runtime.services import serving
 
+    check_workdirs()
     check_isolation(isolation)
     return serving.Server(app(limits, isolation, concurrency, queue), host, port)
 
