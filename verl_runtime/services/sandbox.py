@@ -101,6 +101,7 @@ def serve(host: str, port: int, limits: Limits = Limits(), isolation: str = "nam
 
 def main(argv=None) -> int:
     from verl_runtime.services import serving
+    from verl_runtime.services.registry import NICE_BESIDE_TRAINER
 
     parser = argparse.ArgumentParser(prog="python -m verl_runtime.services.sandbox", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -115,7 +116,8 @@ def main(argv=None) -> int:
     parser.add_argument("--run-timeout", type=float, default=Limits.run_timeout_s)
     parser.add_argument("--nice", type=int, choices=range(20), default=Limits.nice, metavar="0-19",
                         help="the runs' CPU priority, below the server's so that it answers at once however many "
-                             f"runs burn CPU (default: {Limits.nice}; beside a trainer that shares the CPU, lower: 2)")
+                             f"runs burn CPU (default: {Limits.nice}; the trainer starts the sandbox beside itself "
+                             f"with {NICE_BESIDE_TRAINER}, as its runs share the trainer's CPU)")
     args = parser.parse_args(argv)
     try:
         server = serve(args.host, args.port, Limits(run_timeout_s=args.run_timeout, memory_mb=args.memory_mb,
