@@ -61,8 +61,6 @@ class SandboxError(ValueError):
 # (Debian's essential packages: in every image and on every host that runs this), not Python between fork and exec:
 # preexec_fn is unsafe in a process with threads (the child may deadlock before exec: check_isolation runs in the
 # server itself), and its fork holds the caller's GIL until the child execs.
-
-
 def confinement(limits: Limits, run_timeout: float, memory_mb: int, isolation: str) -> list[str]:
     """The command words that put the program after them in its confinement: the kernel's limits (CPU time, address
     space, file size, processes, no core files), its own network (none), not root, a lower CPU priority."""
@@ -81,7 +79,7 @@ def confinement(limits: Limits, run_timeout: float, memory_mb: int, isolation: s
     return words + ["nice", "-n", str(max(0, limits.nice - os.nice(0))), "--"]  # from a worker already there
 
 
-def lower_priority(nice: int = Limits.nice) -> None:
+def lower_priority(nice: int) -> None:
     """A sandbox's worker process at its runs' priority: the server's event loop, which turns requests away and
     answers health checks, then wins a core against both."""
     if os.nice(0) < nice:
